@@ -1,0 +1,60 @@
+// The transport primitives a process set's communicator provides.
+//
+// Contract: every member of the communicator calls the same primitives in the
+// same order with consistent sizes (the controller guarantees this: only
+// negotiated responses reach a communicator). Primitives block until done and
+// throw sdl::Error(kPeerFailure) naming the peer when one dies, hangs past the
+// timeout, or the transport breaks; after that the communicator is unusable.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/types.h"
+
+namespace sdl {
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* kind() const = 0;
+
+  // In place over count elements of buf.
+  virtual void Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) = 0;
+  // Rank r contributes bytes[r] bytes from in; out receives every rank's bytes
+  // concatenated in rank order. in may be null when bytes[rank] == 0.
+  virtual void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) = 0;
+  virtual void Broadcast(void* buf, size_t bytes, int root) = 0;
+  // matrix[src * size + dst]: bytes src sends to dst. in holds this rank's
+  // pieces in dst order, out receives pieces in src order.
+  virtual void Alltoallv(const void* in, void* out, const std::vector<size_t>& matrix) = 0;
+  virtual void Barrier() = 0;
+  // out (counts[rank] elements) receives this rank's slice of the reduction of
+  // in (sum of counts elements). Default: allreduce a copy and slice it.
+  virtual void Reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
+                             DataType dt, ReduceOp op);
+
+  // Variable-size byte exchange used by negotiation: every rank gets every
+  // rank's message.
+  std::vector<std::string> AllgatherBytes(const std::string& mine);
+  void BroadcastBytes(std::string* msg, int root);
+};
+
+// A communicator of one rank: every primitive is a local copy.
+class SelfComm : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char* kind() const override { return "self"; }
+  void Allreduce(void*, size_t, DataType, ReduceOp) override {}
+  void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
+  void Broadcast(void*, size_t, int) override {}
+  void Alltoallv(const void* in, void* out, const std::vector<size_t>& matrix) override;
+  void Barrier() override {}
+};
+
+}  // namespace sdl

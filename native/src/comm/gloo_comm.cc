@@ -1,0 +1,163 @@
+#include "comm/gloo_comm.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "common/reduce.h"
+
+namespace sdl {
+namespace {
+
+std::chrono::milliseconds Ms(double s) {
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+// Gloo dislikes null buffers even for zero elements.
+char kEmpty[8];
+
+}  // namespace
+
+std::shared_ptr<gloo::transport::Device> MakeGlooDevice(const std::string& iface,
+                                                         const std::string& hostname) {
+  gloo::transport::tcp::attr attr;
+  if (!iface.empty()) {
+    attr.iface = iface;
+  } else if (!hostname.empty()) {
+    attr.hostname = hostname;
+  } else {
+    char buf[256] = {0};
+    gethostname(buf, sizeof buf - 1);
+    attr.hostname = buf;
+  }
+  try {
+    return gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("cannot create the Gloo TCP device (") +
+                    (iface.empty() ? "host " + attr.hostname : "interface " + iface) +
+                    "): " + e.what() + "; set SDL_GLOO_IFACE to a usable interface");
+  }
+}
+
+GlooComm::GlooComm(std::shared_ptr<gloo::transport::Device> device,
+                   gloo::rendezvous::Store& store, int rank, int size,
+                   std::vector<int> global_ranks, double timeout_s, double start_timeout_s)
+    : rank_(rank), size_(size), global_ranks_(std::move(global_ranks)) {
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(Ms(start_timeout_s));
+  try {
+    ctx->connectFullMesh(store, device);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::kPeerFailure,
+                std::string("Gloo could not connect all ranks: ") + e.what());
+  }
+  ctx->setTimeout(Ms(timeout_s));
+  ctx_ = ctx;
+}
+
+GlooComm::~GlooComm() = default;
+
+void GlooComm::Rethrow(const char* what, const std::exception& e) {
+  throw Error(ErrorCode::kPeerFailure,
+              std::string("Gloo ") + what + " failed on rank " +
+                  std::to_string(global_ranks_[rank_]) +
+                  " (a peer died, hung past SDL_TIMEOUT, or the network broke): " + e.what());
+}
+
+void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
+  if (count == 0) return;
+  gloo::AllreduceOptions opts(ctx_);
+  switch (DataTypeSize(dt)) {
+    case 1: opts.setOutput(static_cast<uint8_t*>(buf), count); break;
+    case 2: opts.setOutput(static_cast<uint16_t*>(buf), count); break;
+    case 4: opts.setOutput(static_cast<uint32_t*>(buf), count); break;
+    default: opts.setOutput(static_cast<uint64_t*>(buf), count); break;
+  }
+  opts.setReduceFunction([dt, op](void* o, const void* a, const void* b, size_t n) {
+    Reduce(o, a, b, n, dt, op);
+  });
+  opts.setTag(tag_++);
+  try {
+    gloo::allreduce(opts);
+  } catch (const gloo::Exception& e) {
+    Rethrow("allreduce", e);
+  }
+}
+
+void GlooComm::Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
+  size_t total = 0;
+  for (size_t b : bytes) total += b;
+  if (total == 0) return;
+  gloo::AllgathervOptions opts(ctx_);
+  opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(in ? in : kEmpty)),
+                bytes[rank_]);
+  opts.setOutput(static_cast<uint8_t*>(out), bytes);
+  opts.setTag(tag_++);
+  try {
+    gloo::allgatherv(opts);
+  } catch (const gloo::Exception& e) {
+    Rethrow("allgather", e);
+  }
+}
+
+void GlooComm::Broadcast(void* buf, size_t bytes, int root) {
+  if (bytes == 0) return;
+  gloo::BroadcastOptions opts(ctx_);
+  opts.setOutput(static_cast<uint8_t*>(buf), bytes);
+  opts.setRoot(root);
+  opts.setTag(tag_++);
+  try {
+    gloo::broadcast(opts);
+  } catch (const gloo::Exception& e) {
+    Rethrow("broadcast", e);
+  }
+}
+
+void GlooComm::Alltoallv(const void* in, void* out, const std::vector<size_t>& matrix) {
+  size_t total = 0;
+  for (size_t b : matrix) total += b;
+  if (total == 0) return;
+  std::vector<int64_t> send(size_), recv(size_);
+  size_t send_total = 0, recv_total = 0;
+  for (int q = 0; q < size_; ++q) {
+    send[q] = static_cast<int64_t>(matrix[rank_ * size_ + q]);
+    recv[q] = static_cast<int64_t>(matrix[q * size_ + rank_]);
+    send_total += send[q];
+    recv_total += recv[q];
+  }
+  gloo::AlltoallvOptions opts(ctx_);
+  opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(send_total ? in : kEmpty)), send);
+  opts.setOutput(static_cast<uint8_t*>(recv_total ? out : kEmpty), recv);
+  opts.setTag(tag_++);
+  try {
+    gloo::alltoallv(opts);
+  } catch (const gloo::Exception& e) {
+    Rethrow("alltoall", e);
+  }
+}
+
+void GlooComm::Barrier() {
+  gloo::BarrierOptions opts(ctx_);
+  opts.setTag(tag_++);
+  try {
+    gloo::barrier(opts);
+  } catch (const gloo::Exception& e) {
+    Rethrow("barrier", e);
+  }
+}
+
+}  // namespace sdl

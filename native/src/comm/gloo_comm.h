@@ -1,0 +1,52 @@
+// Gloo (TCP) communicator: used between hosts, and on one host when shared
+// memory is disabled (SDL_SHM=0).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+
+namespace gloo {
+class Context;
+namespace rendezvous { class Store; }
+namespace transport { class Device; }
+}  // namespace gloo
+
+namespace sdl {
+
+// One TCP device per process, shared by every Gloo communicator.
+// iface (e.g. "eth0") wins over hostname; both empty: the host name.
+std::shared_ptr<gloo::transport::Device> MakeGlooDevice(const std::string& iface,
+                                                         const std::string& hostname);
+
+class GlooComm : public Comm {
+ public:
+  // Connects a full mesh among size members through the store (keys under the
+  // store's own prefix). Blocks until every member has called it or
+  // start_timeout_s passes.
+  GlooComm(std::shared_ptr<gloo::transport::Device> device, gloo::rendezvous::Store& store,
+           int rank, int size, std::vector<int> global_ranks, double timeout_s,
+           double start_timeout_s);
+  ~GlooComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* kind() const override { return "gloo"; }
+
+  void Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) override;
+  void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
+  void Broadcast(void* buf, size_t bytes, int root) override;
+  void Alltoallv(const void* in, void* out, const std::vector<size_t>& matrix) override;
+  void Barrier() override;
+
+ private:
+  [[noreturn]] void Rethrow(const char* what, const std::exception& e);
+  std::shared_ptr<gloo::Context> ctx_;
+  int rank_, size_;
+  std::vector<int> global_ranks_;
+  uint32_t tag_ = 0;
+};
+
+}  // namespace sdl

@@ -1,0 +1,295 @@
+#include "comm/shm_comm.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "common/reduce.h"
+
+namespace sdl {
+namespace {
+
+constexpr uint64_t kMagic = 0x53444c53484d3031ull;  // "SDLSHM01"
+constexpr size_t kAlign = 64;
+
+struct Header {
+  std::atomic<uint64_t> magic;
+  std::atomic<uint32_t> attached;
+  uint32_t size;
+  uint64_t slot_bytes;
+};
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+struct alignas(kAlign) ShmComm::Control {
+  std::atomic<uint64_t> step;
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> failed;
+};
+
+ShmComm::ShmComm(const std::string& name, int rank, int size, std::vector<int> global_ranks,
+                 size_t slot_bytes, double timeout_s, double start_timeout_s)
+    : rank_(rank), size_(size), global_ranks_(std::move(global_ranks)),
+      timeout_s_(timeout_s), name_(name) {
+  slot_bytes_ = RoundUp(std::max<size_t>(slot_bytes, 2 * 4096), 2 * kAlign);
+  half_bytes_ = slot_bytes_ / 2;
+  header_bytes_ = RoundUp(sizeof(Header), kAlign) + kAlign * size_;
+  header_bytes_ = RoundUp(header_bytes_, 4096);
+  total_bytes_ = header_bytes_ + slot_bytes_ * size_;
+
+  double deadline = Now() + start_timeout_s;
+  int fd = -1;
+  if (rank_ == 0) {
+    fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0)
+      throw Error(ErrorCode::kPeerFailure,
+                  "shm_open(" + name_ + ") failed: " + std::strerror(errno));
+    if (ftruncate(fd, static_cast<off_t>(total_bytes_)) != 0) {
+      int e = errno;
+      close(fd);
+      shm_unlink(name_.c_str());
+      throw Error(ErrorCode::kPeerFailure, "cannot size shared memory segment " + name_ + " (" +
+                                               std::to_string(total_bytes_) + " bytes): " +
+                                               std::strerror(e) + "; is /dev/shm too small?");
+    }
+  } else {
+    while (true) {
+      fd = shm_open(name_.c_str(), O_RDWR, 0600);
+      struct stat st;
+      if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == total_bytes_) break;
+      if (fd >= 0) close(fd);
+      if (Now() > deadline)
+        throw Error(ErrorCode::kPeerFailure,
+                    "timed out waiting for rank " + std::to_string(global_ranks_[0]) +
+                        " to create shared memory segment " + name_);
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+  }
+  void* p = mmap(nullptr, total_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    if (rank_ == 0) shm_unlink(name_.c_str());
+    throw Error(ErrorCode::kPeerFailure, "mmap of " + name_ + " failed: " + std::strerror(errno));
+  }
+  base_ = static_cast<char*>(p);
+  auto* hdr = reinterpret_cast<Header*>(base_);
+  if (rank_ == 0) {
+    new (hdr) Header();
+    hdr->size = static_cast<uint32_t>(size_);
+    hdr->slot_bytes = slot_bytes_;
+    hdr->attached.store(0);
+    for (int r = 0; r < size_; ++r) {
+      Control* c = new (ctl(r)) Control();
+      c->step.store(0);
+      c->pid.store(0);
+      c->failed.store(0);
+    }
+    hdr->magic.store(kMagic, std::memory_order_release);
+  } else {
+    while (hdr->magic.load(std::memory_order_acquire) != kMagic) {
+      if (Now() > deadline) {
+        munmap(base_, total_bytes_);
+        base_ = nullptr;
+        throw Error(ErrorCode::kPeerFailure, "shared memory segment " + name_ + " never initialised");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  ctl(rank_)->pid.store(static_cast<int32_t>(getpid()));
+  hdr->attached.fetch_add(1);
+  while (hdr->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(size_)) {
+    if (Now() > deadline) {
+      if (rank_ == 0) shm_unlink(name_.c_str());
+      throw Error(ErrorCode::kPeerFailure, "timed out waiting for all " + std::to_string(size_) +
+                                               " local ranks to attach to " + name_);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  if (rank_ == 0) shm_unlink(name_.c_str());
+}
+
+ShmComm::~ShmComm() {
+  if (!base_) return;
+  // Peers still waiting on this rank (it failed on another transport, or shut
+  // down) learn it at once instead of at their timeout.
+  uint32_t none = 0;
+  ctl(rank_)->failed.compare_exchange_strong(none, 2);
+  munmap(base_, total_bytes_);
+}
+
+ShmComm::Control* ShmComm::ctl(int r) const {
+  return reinterpret_cast<Control*>(base_ + RoundUp(sizeof(Header), kAlign) + kAlign * r);
+}
+
+char* ShmComm::half(int r, uint64_t round) const {
+  return base_ + header_bytes_ + slot_bytes_ * r + (round % 2) * half_bytes_;
+}
+
+void ShmComm::Fail(const std::string& msg) {
+  if (base_) ctl(rank_)->failed.store(1, std::memory_order_release);
+  throw Error(ErrorCode::kPeerFailure, msg);
+}
+
+void ShmComm::WaitFor(int peer, uint64_t step) {
+  Control* c = ctl(peer);
+  for (int i = 0; i < 4000; ++i) {
+    if (c->step.load(std::memory_order_acquire) >= step) return;
+    CpuRelax();
+  }
+  double start = Now();
+  double deadline = start + timeout_s_;
+  uint64_t spins = 0;
+  while (c->step.load(std::memory_order_acquire) < step) {
+    ++spins;
+    if (spins % 64 == 0) {
+      double now = Now();
+      if (uint32_t f = c->failed.load(std::memory_order_acquire))
+        Fail("rank " + std::to_string(global_ranks_[peer]) +
+             (f == 1 ? " failed during a collective (its transport raised an error)"
+                     : " stopped taking part in collectives (it shut down or failed)"));
+      pid_t pid = c->pid.load();
+      if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
+        Fail("rank " + std::to_string(global_ranks_[peer]) + " (pid " + std::to_string(pid) +
+             ") exited while rank " + std::to_string(global_ranks_[rank_]) +
+             " waited for it in a collective");
+      if (now > deadline)
+        Fail("rank " + std::to_string(global_ranks_[peer]) + " did not take part in a collective for " +
+             std::to_string(static_cast<int>(timeout_s_)) + " s (SDL_TIMEOUT); it is hung or stopped");
+      // Yield first (cheap when the peer is about to arrive), then sleep so an
+      // idle rank does not steal a core from the framework's compute threads.
+      if (now - start > 0.0002) {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, nullptr);
+        continue;
+      }
+    }
+    sched_yield();
+  }
+}
+
+void ShmComm::Sync() {
+  ++step_;
+  ctl(rank_)->step.store(step_, std::memory_order_release);
+  for (int q = 0; q < size_; ++q)
+    if (q != rank_) WaitFor(q, step_);
+}
+
+void ShmComm::Barrier() { Sync(); }
+
+void ShmComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
+  if (count == 0) return;
+  const size_t es = DataTypeSize(dt);
+  const size_t chunk = std::max<size_t>(half_bytes_ / es / size_, 1) * size_;  // elements
+  char* data = static_cast<char*>(buf);
+  for (size_t off = 0; off < count; off += chunk) {
+    size_t n = std::min(chunk, count - off);
+    char* mine = data + off * es;
+    auto lo = [&](int q) { return n * q / size_ * es; };
+    auto len = [&](int q) { return n * (q + 1) / size_ * es - n * q / size_ * es; };
+    char* stage = half(rank_, round_);
+    // Peers need my contribution to the parts they own.
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && len(q)) std::memcpy(stage + lo(q), mine + lo(q), len(q));
+    Sync();
+    // Each part has one owner that reduces it, so every rank ends with identical bits.
+    size_t my_lo = lo(rank_), my_len = len(rank_), my_n = my_len / es;
+    if (my_len) {
+      for (int q = 0; q < size_; ++q) {
+        if (q == rank_) continue;
+        const char* theirs = half(q, round_) + my_lo;
+        if (q < rank_) Reduce(mine + my_lo, theirs, mine + my_lo, my_n, dt, op);
+        else Reduce(mine + my_lo, mine + my_lo, theirs, my_n, dt, op);
+      }
+      std::memcpy(stage + my_lo, mine + my_lo, my_len);
+    }
+    Sync();
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && len(q)) std::memcpy(mine + lo(q), half(q, round_) + lo(q), len(q));
+    ++round_;
+  }
+}
+
+void ShmComm::Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
+  size_t max_bytes = *std::max_element(bytes.begin(), bytes.end());
+  std::vector<size_t> displ(size_, 0);
+  for (int q = 1; q < size_; ++q) displ[q] = displ[q - 1] + bytes[q - 1];
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  if (bytes[rank_] && src != dst + displ[rank_])
+    std::memmove(dst + displ[rank_], src, bytes[rank_]);
+  for (size_t off = 0; off < max_bytes; off += half_bytes_) {
+    auto piece = [&](int q) { return bytes[q] > off ? std::min(half_bytes_, bytes[q] - off) : 0; };
+    if (piece(rank_)) std::memcpy(half(rank_, round_), src + off, piece(rank_));
+    Sync();
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && piece(q)) std::memcpy(dst + displ[q] + off, half(q, round_), piece(q));
+    ++round_;
+  }
+}
+
+void ShmComm::Broadcast(void* buf, size_t bytes, int root) {
+  char* data = static_cast<char*>(buf);
+  for (size_t off = 0; off < bytes; off += half_bytes_) {
+    size_t n = std::min(half_bytes_, bytes - off);
+    if (rank_ == root) std::memcpy(half(root, round_), data + off, n);
+    Sync();
+    if (rank_ != root) std::memcpy(data + off, half(root, round_), n);
+    ++round_;
+  }
+}
+
+void ShmComm::Alltoallv(const void* in, void* out, const std::vector<size_t>& matrix) {
+  const size_t per = std::max<size_t>(half_bytes_ / size_ / kAlign, 1) * kAlign;
+  size_t max_piece = *std::max_element(matrix.begin(), matrix.end());
+  std::vector<size_t> send_displ(size_, 0), recv_displ(size_, 0);
+  for (int q = 1; q < size_; ++q) {
+    send_displ[q] = send_displ[q - 1] + matrix[rank_ * size_ + q - 1];
+    recv_displ[q] = recv_displ[q - 1] + matrix[(q - 1) * size_ + rank_];
+  }
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  size_t self = matrix[rank_ * size_ + rank_];
+  if (self) std::memmove(dst + recv_displ[rank_], src + send_displ[rank_], self);
+  for (size_t off = 0; off < max_piece; off += per) {
+    auto piece = [&](int from, int to) {
+      size_t b = matrix[from * size_ + to];
+      return b > off ? std::min(per, b - off) : 0;
+    };
+    char* stage = half(rank_, round_);
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && piece(rank_, q))
+        std::memcpy(stage + q * per, src + send_displ[q] + off, piece(rank_, q));
+    Sync();
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_ && piece(q, rank_))
+        std::memcpy(dst + recv_displ[q] + off, half(q, round_) + rank_ * per, piece(q, rank_));
+    ++round_;
+  }
+}
+
+}  // namespace sdl

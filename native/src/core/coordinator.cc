@@ -1,0 +1,261 @@
+#include "core/coordinator.h"
+
+#include <map>
+#include <sstream>
+
+#include "core/fusion.h"
+
+namespace sdl {
+namespace {
+
+bool CanCache(OpType op) {
+  return op == OpType::kAllreduce || op == OpType::kAllgather || op == OpType::kBroadcast ||
+         op == OpType::kAlltoall || op == OpType::kReducescatter;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
+// Compares one property across members; on mismatch returns a message such
+// as "Mismatched allreduce shapes for tensor 'w': rank 0 has [2, 3], rank 1 has [3]".
+template <typename F>
+std::string Compare(const ProcessSet& ps, const PendingName& p, const Request& first,
+                    const char* what, F describe) {
+  std::string base = describe(first);
+  for (int i = 0; i < ps.size(); ++i) {
+    if (!p.have[i]) continue;
+    std::string mine = describe(p.reqs[i]);
+    if (mine != base) {
+      std::ostringstream msg;
+      msg << "Mismatched " << OpTypeName(first.op) << " " << what << " for tensor '" << first.name
+          << "':";
+      std::map<std::string, std::vector<int>> by_value;
+      for (int j = 0; j < ps.size(); ++j)
+        if (p.have[j]) by_value[describe(p.reqs[j])].push_back(ps.ranks[j]);
+      bool firstv = true;
+      for (auto& [value, ranks] : by_value) {
+        msg << (firstv ? " " : "; ") << "rank" << (ranks.size() > 1 ? "s " : " ")
+            << (ranks.size() > 1 ? RankList(ranks) : std::to_string(ranks[0])) << " "
+            << (ranks.size() > 1 ? "have " : "has ") << value;
+        firstv = false;
+      }
+      return msg.str();
+    }
+  }
+  return "";
+}
+
+std::string Tail(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> t(shape.begin() + (shape.empty() ? 0 : 1), shape.end());
+  return "rank " + std::to_string(shape.size()) + " with trailing dims " + ShapeString(t);
+}
+
+Response Validate(const ProcessSet& ps, const PendingName& p) {
+  const Request* first = nullptr;
+  std::vector<int> missing;
+  for (int i = 0; i < ps.size(); ++i) {
+    if (p.have[i] && !first) first = &p.reqs[i];
+    if (!p.have[i]) missing.push_back(ps.ranks[i]);
+  }
+  Response r;
+  r.op = first->op;
+  r.dtype = first->dtype;
+  r.reduce = first->reduce;
+  r.root = first->root;
+  r.prescale = first->prescale;
+  r.postscale = first->postscale;
+  r.names = {first->name};
+  r.shapes = {first->shape};
+  r.group = first->group;
+  r.ranks = first->ranks;
+
+  std::string err = Compare(ps, p, *first, "operations",
+                            [](const Request& q) { return std::string(OpTypeName(q.op)); });
+  if (err.empty())
+    err = Compare(ps, p, *first, "data types",
+                  [](const Request& q) { return std::string(DataTypeName(q.dtype)); });
+  if (err.empty() && !missing.empty() && first->op != OpType::kAllreduce)
+    err = std::string(OpTypeName(first->op)) + " of tensor '" + first->name + "' cannot run: rank" +
+          (missing.size() > 1 ? "s " : " ") + RankList(missing) +
+          " already joined (only allreduce runs while ranks are joined)";
+  if (err.empty()) {
+    switch (first->op) {
+      case OpType::kAllreduce:
+      case OpType::kReducescatter:
+        err = Compare(ps, p, *first, "reduce ops",
+                      [](const Request& q) { return std::string(ReduceOpName(q.reduce)); });
+        if (err.empty())
+          err = Compare(ps, p, *first, "scale factors", [](const Request& q) {
+            std::ostringstream s;
+            s << "prescale " << q.prescale << ", postscale " << q.postscale;
+            return s.str();
+          });
+        if (err.empty())
+          err = Compare(ps, p, *first, "shapes",
+                        [](const Request& q) { return ShapeString(q.shape); });
+        if (err.empty())
+          err = Compare(ps, p, *first, "groups", [](const Request& q) {
+            return q.group.empty() ? std::string("no group")
+                                   : "group '" + q.group + "' of " + std::to_string(q.group_size);
+          });
+        break;
+      case OpType::kBroadcast:
+        err = Compare(ps, p, *first, "root ranks",
+                      [](const Request& q) { return "root " + std::to_string(q.root); });
+        if (err.empty())
+          err = Compare(ps, p, *first, "shapes",
+                        [](const Request& q) { return ShapeString(q.shape); });
+        break;
+      case OpType::kAllgather:
+      case OpType::kAlltoall:
+        err = Compare(ps, p, *first, "shapes", [](const Request& q) { return Tail(q.shape); });
+        break;
+      case OpType::kProcessSetAdd:
+        err = Compare(ps, p, *first, "process set ranks",
+                      [](const Request& q) { return ShapeString({q.ranks.begin(), q.ranks.end()}); });
+        break;
+      default:
+        break;
+    }
+  }
+  if (!err.empty()) {
+    r.error = err;
+    r.error_code = ErrorCode::kMismatch;
+    return r;
+  }
+  if (first->op == OpType::kAllgather) {
+    for (int i = 0; i < ps.size(); ++i) r.first_dims.push_back(p.reqs[i].shape[0]);
+  } else if (first->op == OpType::kAlltoall) {
+    for (int i = 0; i < ps.size(); ++i)
+      r.split_matrix.insert(r.split_matrix.end(), p.reqs[i].splits.begin(), p.reqs[i].splits.end());
+  }
+  r.cacheable = missing.empty() && CanCache(first->op);
+  return r;
+}
+
+}  // namespace
+
+void CoordinatorAdd(ProcessSet& ps, int member, std::vector<Request> reqs, bool joined) {
+  Coordinator& c = ps.coord;
+  if (c.joined.empty()) c.joined.assign(ps.size(), false);
+  if (joined && !c.joined[member]) {
+    c.joined[member] = true;
+    c.last_joined = ps.ranks[member];
+  }
+  for (Request& r : reqs) {
+    auto it = c.table.find(r.name);
+    if (it == c.table.end()) {
+      PendingName p;
+      p.reqs.resize(ps.size());
+      p.have.assign(ps.size(), false);
+      it = c.table.emplace(r.name, std::move(p)).first;
+      c.order.push_back(r.name);
+    }
+    PendingName& p = it->second;
+    if (!p.have[member]) {
+      p.have[member] = true;
+      ++p.count;
+    }
+    p.reqs[member] = std::move(r);
+  }
+}
+
+std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold) {
+  Coordinator& c = ps.coord;
+  if (c.joined.empty()) c.joined.assign(ps.size(), false);
+  int joined = 0;
+  for (bool j : c.joined) joined += j;
+
+  std::vector<Response> ready;
+  std::map<std::string, std::vector<Response>> groups;  // group -> validated members
+  std::map<std::string, int> group_size;
+  std::vector<std::string> still;
+  for (const std::string& name : c.order) {
+    auto it = c.table.find(name);
+    if (it == c.table.end()) continue;
+    PendingName& p = it->second;
+    bool complete = true;
+    for (int i = 0; i < ps.size(); ++i) complete &= p.have[i] || c.joined[i];
+    if (!complete || p.count == 0) {
+      still.push_back(name);
+      continue;
+    }
+    Response r = Validate(ps, p);
+    const Request* any = nullptr;
+    for (int i = 0; i < ps.size() && !any; ++i)
+      if (p.have[i]) any = &p.reqs[i];
+    if (!any->group.empty()) {
+      groups[any->group].push_back(std::move(r));
+      group_size[any->group] = any->group_size;
+      still.push_back(name);  // leaves the table only with its whole group
+    } else {
+      ready.push_back(std::move(r));
+      c.table.erase(it);
+    }
+  }
+  c.order.swap(still);
+  for (auto& [g, members] : groups) {
+    if (static_cast<int>(members.size()) < group_size[g]) continue;
+    for (const Response& m : members) c.table.erase(m.names[0]);
+    std::string group_error;
+    for (const Response& m : members)
+      if (group_error.empty() && !m.error.empty()) group_error = m.error;
+    if (!group_error.empty()) {  // the whole group fails together
+      for (Response& m : members) {
+        m.error = group_error;
+        m.error_code = ErrorCode::kMismatch;
+        ready.push_back(std::move(m));
+      }
+      continue;
+    }
+    Response merged = members[0];
+    for (size_t i = 1; i < members.size(); ++i) {
+      merged.names.push_back(members[i].names[0]);
+      merged.shapes.push_back(members[i].shapes[0]);
+      merged.cacheable &= members[i].cacheable;
+    }
+    ready.push_back(std::move(merged));
+  }
+  if (!groups.empty()) {
+    std::vector<std::string> order;
+    for (const std::string& n : c.order)
+      if (c.table.count(n)) order.push_back(n);
+    c.order.swap(order);
+  }
+  if (joined == ps.size()) {
+    Response j;
+    j.op = OpType::kJoin;
+    j.names = {"join"};
+    j.shapes = {{}};
+    j.last_joined = c.last_joined;
+    ready.push_back(j);
+    c.joined.assign(ps.size(), false);
+    c.last_joined = -1;
+  }
+  return FuseResponses(std::move(ready), fusion_threshold);
+}
+
+std::vector<Response> MergeGroups(std::vector<Response> ready) {
+  std::vector<Response> out;
+  std::map<std::string, size_t> at;
+  for (Response& r : ready) {
+    if (r.group.empty()) {
+      out.push_back(std::move(r));
+      continue;
+    }
+    auto it = at.find(r.group);
+    if (it == at.end()) {
+      at[r.group] = out.size();
+      out.push_back(std::move(r));
+    } else {
+      out[it->second].names.push_back(r.names[0]);
+      out[it->second].shapes.push_back(r.shapes[0]);
+    }
+  }
+  return out;
+}
+
+}  // namespace sdl

@@ -1,0 +1,73 @@
+// A process set: a group of ranks that runs collectives among themselves,
+// with its own communicator, queue, response cache and coordinator state.
+// Set 0 is the global set (every rank).
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "comm/comm.h"
+#include "common/message.h"
+#include "core/response_cache.h"
+
+namespace sdl {
+
+// One operation this rank enqueued and has not finished.
+struct Entry {
+  Request req;
+  const void* in = nullptr;  // caller memory (kept alive by the caller until done)
+  void* out = nullptr;       // caller memory, or null when the core allocates
+  int64_t handle = 0;
+  bool sent = false;         // already sent to the coordinator
+};
+
+// What the coordinator (member 0) knows of one name across the set's members.
+struct PendingName {
+  std::vector<Request> reqs;   // per member (valid where have[i])
+  std::vector<bool> have;
+  int count = 0;
+};
+
+struct Coordinator {
+  std::map<std::string, PendingName> table;
+  std::vector<std::string> order;  // arrival order of names
+  std::vector<bool> joined;
+  int last_joined = -1;
+  bool Empty() const { return table.empty(); }
+};
+
+struct ProcessSet {
+  ProcessSet(int32_t id, std::vector<int32_t> ranks, int32_t my_rank, size_t cache_capacity)
+      : id(id), ranks(std::move(ranks)), my_rank(my_rank), cache(cache_capacity) {}
+
+  const int32_t id;
+  const std::vector<int32_t> ranks;  // global ranks, ascending
+  const int32_t my_rank;             // index in ranks, -1 when not a member
+  std::unique_ptr<Comm> comm;
+
+  // Caller side (guarded by mu): new work and names in flight.
+  std::mutex mu;
+  std::deque<Entry> incoming;
+  std::unordered_set<std::string> inflight;
+
+  // Background-thread side.
+  std::unordered_map<std::string, Entry> pending;
+  std::vector<std::string> pending_order;
+  ResponseCache cache;
+  Coordinator coord;
+  bool joined = false;        // this rank called join and waits for the others
+  int64_t join_handle = 0;
+  std::vector<char> fusion_buffer;
+
+  bool member() const { return my_rank >= 0; }
+  int size() const { return static_cast<int>(ranks.size()); }
+};
+
+}  // namespace sdl

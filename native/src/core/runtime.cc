@@ -1,0 +1,447 @@
+#include "core/runtime.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+
+#include "comm/gloo_comm.h"
+#include "comm/shm_comm.h"
+#include "common/reduce.h"
+#include "core/coordinator.h"
+#include "core/fusion.h"
+
+namespace sdl {
+namespace {
+
+constexpr uint64_t kNeedFull = 1, kShutdownFlag = 2, kCoordPending = 4, kJoinedFlag = 8;
+
+std::string HostIdentity() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof buf - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  return std::string(buf) + "/" + boot;
+}
+
+std::string RandomToken() {
+  std::random_device rd;
+  std::ostringstream s;
+  s << std::hex << rd() << rd();
+  return s.str();
+}
+
+std::vector<char> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+std::string StoreGet(gloo::rendezvous::Store& store, const std::string& key, double timeout_s) {
+  store.wait({key}, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  std::vector<char> v = store.get(key);
+  return std::string(v.begin(), v.end());
+}
+
+}  // namespace
+
+Runtime::Runtime(RuntimeOptions opts) : opts_(std::move(opts)), config_(opts_.config) {
+  const Topology& t = opts_.topo;
+  if (t.size < 1 || t.rank < 0 || t.rank >= t.size)
+    throw Error(ErrorCode::kInvalidArgument, "invalid rank " + std::to_string(t.rank) +
+                                                 " for size " + std::to_string(t.size));
+  host_of_rank_.assign(t.size, HostIdentity());
+  if (t.size > 1) {
+    if (!opts_.store)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "size is " + std::to_string(t.size) +
+                      " but no rendezvous store was given: start workers with sdlrun or "
+                      "spark_dl.spark.run (they set SDL_RENDEZVOUS_ADDR/PORT and SDL_SECRET_KEY)");
+    auto& store = *opts_.store;
+    std::string prefix = "e" + std::to_string(opts_.epoch) + "/";
+    store.set(prefix + "host/" + std::to_string(t.rank), Bytes(host_of_rank_[t.rank]));
+    if (t.rank == 0) {
+      job_token_ = RandomToken();
+      store.set(prefix + "job", Bytes(job_token_));
+    }
+    for (int r = 0; r < t.size; ++r)
+      host_of_rank_[r] = StoreGet(store, prefix + "host/" + std::to_string(r), config_.start_timeout_s);
+    job_token_ = StoreGet(store, prefix + "job", config_.start_timeout_s);
+  }
+  std::vector<int32_t> all(t.size);
+  for (int r = 0; r < t.size; ++r) all[r] = r;
+  active_[0] = MakeProcessSet(0, all);
+  for (auto& ranks : opts_.process_sets) {
+    int32_t id = next_set_id_++;
+    active_[id] = MakeProcessSet(id, ranks);
+  }
+  if (config_.verbose >= 1 && t.rank == 0) {
+    std::ostringstream s;
+    s << "started " << t.size << " rank(s); global transport " << TransportOf(0) << "; knobs:";
+    for (auto& [k, v] : config_.Items()) s << " " << k << "=" << v;
+    Log(1, s.str());
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Runtime::~Runtime() { Shutdown(); }
+
+void Runtime::Log(int level, const std::string& msg) {
+  if (config_.verbose >= level)
+    std::fprintf(stderr, "[spark_dl rank %d] %s\n", opts_.topo.rank, msg.c_str());
+}
+
+Config Runtime::config() {
+  std::lock_guard<std::mutex> lk(config_mu_);
+  return config_;
+}
+
+void Runtime::SetKnob(const std::string& name, const std::string& value) {
+  for (const KnobInfo& k : KnobTable()) {
+    if (k.field == name || k.env == name) {
+      if (!k.tunable)
+        throw Error(ErrorCode::kInvalidArgument,
+                    "knob " + k.field + " (" + k.env + ") is fixed at init; set it in the environment");
+      std::lock_guard<std::mutex> lk(config_mu_);
+      config_.Set(name, value);
+      return;
+    }
+  }
+  throw Error(ErrorCode::kInvalidArgument, "unknown knob '" + name + "'");
+}
+
+std::shared_ptr<ProcessSet> Runtime::MakeProcessSet(int32_t id, std::vector<int32_t> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
+      ranks.front() < 0 || ranks.back() >= opts_.topo.size)
+    throw Error(ErrorCode::kInvalidArgument,
+                "a process set needs distinct ranks in [0, " + std::to_string(opts_.topo.size) +
+                    "), got " + ShapeString({ranks.begin(), ranks.end()}));
+  auto it = std::find(ranks.begin(), ranks.end(), opts_.topo.rank);
+  int my = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
+  auto ps = std::make_shared<ProcessSet>(id, ranks, my, config_.cache_capacity);
+  if (my >= 0) ps->comm = MakeComm(id, ranks, my);
+  return ps;
+}
+
+std::unique_ptr<Comm> Runtime::MakeComm(int32_t id, const std::vector<int32_t>& ranks, int my) {
+  int n = static_cast<int>(ranks.size());
+  if (n == 1) return std::make_unique<SelfComm>();
+  std::vector<int> global(ranks.begin(), ranks.end());
+  bool one_host = true;
+  for (int32_t r : ranks) one_host &= host_of_rank_[r] == host_of_rank_[ranks[0]];
+  if (config_.shm && one_host) {
+    std::string name = "/sdl_" + job_token_ + "_" + std::to_string(opts_.epoch) + "_" + std::to_string(id);
+    return std::make_unique<ShmComm>(name, my, n, global, config_.shm_buffer_bytes,
+                                     config_.timeout_s, config_.start_timeout_s);
+  }
+  if (!gloo_device_) gloo_device_ = MakeGlooDevice(config_.gloo_iface, opts_.hostname);
+  gloo::rendezvous::PrefixStore prefixed(
+      "e" + std::to_string(opts_.epoch) + "/ps" + std::to_string(id), *opts_.store);
+  return std::make_unique<GlooComm>(gloo_device_, prefixed, my, n, global, config_.timeout_s,
+                                    config_.start_timeout_s);
+}
+
+std::shared_ptr<ProcessSet> Runtime::FindSet(int32_t id) {
+  std::lock_guard<std::mutex> lk(sets_mu_);
+  auto it = active_.find(id);
+  if (it == active_.end())
+    throw Error(ErrorCode::kInvalidArgument,
+                "process set " + std::to_string(id) + " is not registered (or was removed)");
+  return it->second;
+}
+
+void Runtime::CheckUsable() {
+  if (stopped_.load() || shutdown_requested_.load()) {
+    std::lock_guard<std::mutex> lk(status_mu_);
+    throw Error(failed_.load() ? stop_code_ : ErrorCode::kShutdown,
+                stop_message_.empty() ? "spark_dl has been shut down" : stop_message_);
+  }
+}
+
+int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out) {
+  CheckUsable();
+  std::shared_ptr<ProcessSet> ps = FindSet(ps_id);
+  if (!ps->member())
+    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(opts_.topo.rank) +
+                                                 " is not a member of process set " +
+                                                 std::to_string(ps_id) + " " +
+                                                 ShapeString({ps->ranks.begin(), ps->ranks.end()}));
+  if (req.name.empty()) throw Error(ErrorCode::kInvalidArgument, "operation name is empty");
+  const bool tensor_op = req.op != OpType::kBarrier && req.op != OpType::kJoin &&
+                         req.op != OpType::kProcessSetAdd && req.op != OpType::kProcessSetRemove;
+  if (tensor_op && req.op == OpType::kAllreduce) CheckReduceSupported(req.dtype, req.reduce);
+  if (req.op == OpType::kReducescatter) CheckReduceSupported(req.dtype, req.reduce);
+  if ((req.prescale != 1.0 || req.postscale != 1.0) && req.dtype == DataType::kBool)
+    throw Error(ErrorCode::kInvalidArgument, "scale factors are not defined for bool tensors");
+  if ((req.op == OpType::kAllgather || req.op == OpType::kAlltoall ||
+       req.op == OpType::kReducescatter) && req.shape.empty())
+    throw Error(ErrorCode::kInvalidArgument, std::string(OpTypeName(req.op)) + " of '" + req.name +
+                                                 "' needs a tensor with at least one dimension");
+  if (req.op == OpType::kBroadcast && (req.root < 0 || req.root >= ps->size()))
+    throw Error(ErrorCode::kInvalidArgument,
+                "broadcast root " + std::to_string(req.root) + " of '" + req.name +
+                    "' is outside the process set of size " + std::to_string(ps->size()));
+  if (req.op == OpType::kAlltoall) {
+    if (static_cast<int>(req.splits.size()) != ps->size())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "alltoall of '" + req.name + "' needs one split per rank (" +
+                      std::to_string(ps->size()) + "), got " + std::to_string(req.splits.size()));
+    int64_t sum = 0;
+    for (int64_t s : req.splits) {
+      if (s < 0) throw Error(ErrorCode::kInvalidArgument, "alltoall splits must be >= 0");
+      sum += s;
+    }
+    if (sum != req.shape[0])
+      throw Error(ErrorCode::kInvalidArgument,
+                  "alltoall splits of '" + req.name + "' sum to " + std::to_string(sum) +
+                      " but the first dimension is " + std::to_string(req.shape[0]));
+  }
+  for (int64_t d : req.shape)
+    if (d < 0) throw Error(ErrorCode::kInvalidArgument, "negative dimension in '" + req.name + "'");
+  int64_t h;
+  {
+    std::lock_guard<std::mutex> lk(ps->mu);
+    if (ps->inflight.count(req.name))
+      throw Error(ErrorCode::kDuplicateName,
+                  "an operation named '" + req.name +
+                      "' is already in flight on this rank; wait for it or use another name");
+    h = handles_.Create();
+    ps->inflight.insert(req.name);
+    Entry e;
+    e.req = std::move(req);
+    e.in = in;
+    e.out = out;
+    e.handle = h;
+    ps->incoming.push_back(std::move(e));
+  }
+  {
+    std::lock_guard<std::mutex> lk(wake_mu_);
+    work_ = true;
+  }
+  wake_cv_.notify_one();
+  // A failure or shutdown may have raced with the enqueue: do not strand it.
+  if (stopped_.load()) {
+    std::lock_guard<std::mutex> lk(status_mu_);
+    handles_.FailAll(stop_code_, stop_message_.empty() ? "spark_dl has been shut down" : stop_message_);
+  }
+  return h;
+}
+
+std::pair<int32_t, int64_t> Runtime::AddProcessSet(std::vector<int32_t> ranks) {
+  CheckUsable();
+  int32_t id;
+  {
+    std::lock_guard<std::mutex> lk(sets_mu_);
+    id = next_set_id_++;
+  }
+  std::shared_ptr<ProcessSet> ps = MakeProcessSet(id, std::move(ranks));
+  {
+    std::lock_guard<std::mutex> lk(sets_mu_);
+    staged_[id] = ps;
+  }
+  Request req;
+  req.op = OpType::kProcessSetAdd;
+  req.name = "process_set.add." + std::to_string(id);
+  req.root = id;
+  req.ranks = ps->ranks;
+  return {id, Enqueue(0, std::move(req), nullptr, nullptr)};
+}
+
+int64_t Runtime::RemoveProcessSet(int32_t id) {
+  if (id == 0) throw Error(ErrorCode::kInvalidArgument, "the global process set cannot be removed");
+  FindSet(id);
+  Request req;
+  req.op = OpType::kProcessSetRemove;
+  req.name = "process_set.remove." + std::to_string(id);
+  req.root = id;
+  return Enqueue(0, std::move(req), nullptr, nullptr);
+}
+
+std::vector<int32_t> Runtime::ProcessSetRanks(int32_t id) { return FindSet(id)->ranks; }
+
+std::vector<int32_t> Runtime::ProcessSetIds() {
+  std::lock_guard<std::mutex> lk(sets_mu_);
+  std::vector<int32_t> ids;
+  for (auto& [id, ps] : active_) ids.push_back(id);
+  return ids;
+}
+
+std::string Runtime::TransportOf(int32_t id) {
+  auto ps = FindSet(id);
+  return ps->comm ? ps->comm->kind() : "none (not a member)";
+}
+
+void Runtime::Shutdown() {
+  shutdown_requested_.store(true);
+  {
+    std::lock_guard<std::mutex> lk(wake_mu_);
+    work_ = true;
+  }
+  wake_cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Runtime::Intake(ProcessSet& ps) {
+  std::lock_guard<std::mutex> lk(ps.mu);
+  while (!ps.incoming.empty()) {
+    Entry e = std::move(ps.incoming.front());
+    ps.incoming.pop_front();
+    if (e.req.op == OpType::kJoin) {
+      ps.joined = true;
+      ps.join_handle = e.handle;
+      continue;
+    }
+    ps.pending_order.push_back(e.req.name);
+    ps.pending[e.req.name] = std::move(e);
+  }
+}
+
+bool Runtime::Cycle(ProcessSet& ps, bool world) {
+  Intake(ps);
+  Config cfg = config();
+  const size_t cap = ps.cache.capacity();
+  const size_t words = 2 + (cap + 63) / 64;
+  std::vector<uint64_t> bits(words, 0);
+  uint64_t flags = 0;
+  for (const std::string& name : ps.pending_order) {
+    Entry& e = ps.pending[name];
+    if (e.sent) continue;
+    int slot = ps.cache.Lookup(e.req);
+    if (slot >= 0) bits[2 + slot / 64] |= uint64_t{1} << (slot % 64);
+    else flags |= kNeedFull;
+  }
+  if (world && shutdown_requested_.load()) flags |= kShutdownFlag;
+  if (ps.my_rank == 0 && !ps.coord.Empty()) flags |= kCoordPending;
+  if (ps.joined) flags |= kJoinedFlag;
+  bits[0] = ~flags;
+  bits[1] = static_cast<uint64_t>(std::max<int64_t>(cfg.fusion_threshold, 0));
+  ps.comm->Allreduce(bits.data(), words, DataType::kUInt64, ReduceOp::kBitAnd);
+  flags = ~bits[0];
+  const int64_t threshold = static_cast<int64_t>(bits[1]);  // identical on every member
+  counters_.cycles++;
+  if (flags & kShutdownFlag) return true;
+
+  // a) tensors every member has ready in the cache run now, in slot order.
+  std::vector<int> slots;
+  for (size_t w = 2; w < words; ++w)
+    for (uint64_t b = bits[w]; b; b &= b - 1)
+      slots.push_back(static_cast<int>((w - 2) * 64 + __builtin_ctzll(b)));
+  if (!slots.empty()) {
+    std::map<std::string, int> group_hits;
+    for (int s : slots)
+      if (!ps.cache.request(s).group.empty()) group_hits[ps.cache.request(s).group]++;
+    std::vector<Response> ready;
+    for (int s : slots) {
+      const Request& rq = ps.cache.request(s);
+      if (!rq.group.empty() && group_hits[rq.group] < rq.group_size) continue;
+      ready.push_back(ps.cache.response(s));
+      ps.cache.Touch(s);
+    }
+    for (const Response& r : FuseResponses(MergeGroups(std::move(ready)), threshold)) {
+      counters_.cache_hits += static_cast<int64_t>(r.names.size());
+      Execute(ps, r, true);
+    }
+  }
+
+  // b)-e) full negotiation through the coordinator.
+  if (flags & (kNeedFull | kCoordPending | kJoinedFlag)) {
+    counters_.full_negotiations++;
+    std::vector<Request> send;
+    for (const std::string& name : ps.pending_order) {
+      auto it = ps.pending.find(name);
+      if (it == ps.pending.end() || it->second.sent) continue;
+      it->second.sent = true;
+      send.push_back(it->second.req);
+    }
+    std::vector<std::string> all = ps.comm->AllgatherBytes(EncodeRequests(send, ps.joined, false));
+    std::string out;
+    if (ps.my_rank == 0) {
+      for (int q = 0; q < ps.size(); ++q) {
+        bool joined = false, unused = false;
+        std::vector<Request> reqs = DecodeRequests(all[q], &joined, &unused);
+        CoordinatorAdd(ps, q, std::move(reqs), joined);
+      }
+      out = EncodeResponses(CoordinatorReady(ps, cfg.fusion_threshold));
+    }
+    ps.comm->BroadcastBytes(&out, 0);
+    for (const Response& r : DecodeResponses(out)) {
+      counters_.negotiated += static_cast<int64_t>(r.names.size());
+      Execute(ps, r, false);
+    }
+  }
+
+  // Drop finished names from the order (a name may be enqueued again later).
+  std::vector<std::string> order;
+  order.reserve(ps.pending.size());
+  for (const std::string& name : ps.pending_order)
+    if (ps.pending.count(name) && std::find(order.begin(), order.end(), name) == order.end())
+      order.push_back(name);
+  ps.pending_order.swap(order);
+  return false;
+}
+
+void Runtime::Loop() {
+  ErrorCode code = ErrorCode::kShutdown;
+  std::string message;
+  try {
+    while (true) {
+      bool busy = false;
+      {
+        std::lock_guard<std::mutex> lk(sets_mu_);
+        for (auto& [id, ps] : active_) busy |= !ps->pending.empty() || ps->joined;
+      }
+      {
+        Config cfg = config();
+        // While tensors wait for slower ranks, cycle more often: their arrival
+        // is only seen through negotiation.
+        double wait_ms = busy ? std::min(cfg.cycle_time_ms, 0.1) : cfg.cycle_time_ms;
+        std::unique_lock<std::mutex> lk(wake_mu_);
+        wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(wait_ms),
+                          [this] { return work_; });
+        work_ = false;
+      }
+      std::shared_ptr<ProcessSet> world = FindSet(0);
+      if (Cycle(*world, true)) break;
+      std::vector<std::shared_ptr<ProcessSet>> sets;
+      {
+        std::lock_guard<std::mutex> lk(sets_mu_);
+        for (auto& [id, ps] : active_)
+          if (id != 0 && ps->member()) sets.push_back(ps);
+      }
+      for (auto& ps : sets) Cycle(*ps, false);
+    }
+    message = "spark_dl has been shut down";
+  } catch (const Error& e) {
+    code = e.code == ErrorCode::kOk ? ErrorCode::kPeerFailure : e.code;
+    message = e.what();
+    failed_.store(true);
+  } catch (const std::exception& e) {
+    code = ErrorCode::kPeerFailure;
+    message = std::string("background thread failed: ") + e.what();
+    failed_.store(true);
+  }
+  if (failed_.load()) Log(0, message);
+  {
+    std::lock_guard<std::mutex> lk(status_mu_);
+    stop_code_ = code;
+    stop_message_ = message;
+    stopped_.store(true);
+  }
+  std::vector<std::shared_ptr<ProcessSet>> sets;
+  {
+    std::lock_guard<std::mutex> lk(sets_mu_);
+    for (auto& [id, ps] : active_) sets.push_back(ps);
+    for (auto& [id, ps] : staged_) sets.push_back(ps);
+  }
+  // Closing the communicators makes peers blocked on us fail at once instead
+  // of waiting for their timeout.
+  for (auto& ps : sets) ps->comm.reset();
+  handles_.FailAll(code, message);
+}
+
+}  // namespace sdl

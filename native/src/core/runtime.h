@@ -1,0 +1,142 @@
+// The runtime: everything one process needs to run collectives, built at
+// init() and torn down at shutdown(). No globals: a test may build several.
+//
+// Why one background thread: collectives must run in the same order on every
+// rank, but framework threads enqueue tensors in whatever order their
+// backward pass produces them. One thread per process owns every
+// communicator, negotiates with the other ranks which enqueued tensors are
+// ready everywhere, and runs them in the agreed order; callers only enqueue
+// and wait on handles. The thread wakes as soon as work is enqueued (no fixed
+// sleep in front of small collectives) and otherwise runs an idle cycle every
+// cycle_time_ms so that ranks notice each other's failures and shutdown.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/config.h"
+#include "common/message.h"
+#include "core/handles.h"
+#include "core/process_set.h"
+
+namespace gloo {
+namespace rendezvous { class Store; }
+namespace transport { class Device; }
+}  // namespace gloo
+
+namespace sdl {
+
+struct Topology {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0, cross_size = 1;
+};
+
+struct RuntimeOptions {
+  Topology topo;
+  std::string hostname;  // address peers use for this rank's Gloo connections
+  std::shared_ptr<gloo::rendezvous::Store> store;  // required when size > 1
+  int epoch = 0;         // distinguishes successive init()s of one job in the store
+  std::vector<std::vector<int32_t>> process_sets;  // extra sets registered at init
+  Config config;
+};
+
+// Counters that tests and benchmarks read to see what the core did.
+struct Counters {
+  std::atomic<int64_t> cycles{0};            // negotiation cycles (all sets)
+  std::atomic<int64_t> full_negotiations{0};  // cycles that exchanged request lists
+  std::atomic<int64_t> cache_hits{0};        // tensors run straight from the response cache
+  std::atomic<int64_t> negotiated{0};        // tensors run after full negotiation
+  std::atomic<int64_t> collectives{0};       // data collectives issued to a transport
+  std::atomic<int64_t> fused_tensors{0};     // tensors that shared a collective with others
+  std::atomic<int64_t> tensors{0};           // finished tensor operations
+  std::atomic<int64_t> bytes{0};             // payload bytes of finished operations
+};
+
+class Runtime {
+ public:
+  explicit Runtime(RuntimeOptions opts);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Agrees with the other ranks to stop (the first rank that asks stops all),
+  // fails what is still pending, and joins the background thread. Idempotent.
+  void Shutdown();
+
+  // Enqueues one operation on process set ps_id and returns its handle.
+  // in/out are caller memory that must stay valid until the handle is done;
+  // out == nullptr asks the core to allocate the output (allgather, alltoall,
+  // reducescatter). Throws sdl::Error for bad calls (unknown set, duplicate
+  // in-flight name, invalid arguments) and after a failure or shutdown.
+  int64_t Enqueue(int32_t ps_id, Request req, const void* in, void* out);
+
+  // Registers a new process set (every rank calls it, in the same order).
+  // Members connect before this returns; the set becomes usable on every rank
+  // in the same cycle, when the returned handle completes. Returns {id, handle}.
+  std::pair<int32_t, int64_t> AddProcessSet(std::vector<int32_t> ranks);
+  int64_t RemoveProcessSet(int32_t id);
+  std::vector<int32_t> ProcessSetRanks(int32_t id);
+  std::vector<int32_t> ProcessSetIds();
+  std::string TransportOf(int32_t id);
+
+  HandleTable& handles() { return handles_; }
+  const Topology& topology() const { return opts_.topo; }
+  Counters& counters() { return counters_; }
+  Config config();
+  void SetKnob(const std::string& name, const std::string& value);
+  bool failed() const { return failed_.load(); }
+
+ private:
+  std::shared_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
+  std::unique_ptr<Comm> MakeComm(int32_t id, const std::vector<int32_t>& ranks, int my_rank);
+  std::shared_ptr<ProcessSet> FindSet(int32_t id);
+  void CheckUsable();
+  void Loop();
+  // One negotiation cycle of one set; returns true when the ranks agreed to stop.
+  bool Cycle(ProcessSet& ps, bool world);
+  void Intake(ProcessSet& ps);
+  void Execute(ProcessSet& ps, const Response& r, bool from_cache);
+  void Finish(ProcessSet& ps, const std::string& name, Result result);
+  void ExecAllreduce(ProcessSet& ps, const Response& r);
+  void ExecAllgather(ProcessSet& ps, const Response& r);
+  void ExecBroadcast(ProcessSet& ps, const Response& r);
+  void ExecAlltoall(ProcessSet& ps, const Response& r);
+  void ExecReducescatter(ProcessSet& ps, const Response& r);
+  void ExecProcessSetChange(ProcessSet& ps, const Response& r);
+  void FailSet(ProcessSet& ps, ErrorCode code, const std::string& msg);
+  void Log(int level, const std::string& msg);
+
+  RuntimeOptions opts_;
+  std::mutex config_mu_;
+  Config config_;
+  HandleTable handles_;
+  Counters counters_;
+  std::string job_token_;
+  std::vector<std::string> host_of_rank_;
+  std::shared_ptr<gloo::transport::Device> gloo_device_;
+
+  std::mutex sets_mu_;
+  std::map<int32_t, std::shared_ptr<ProcessSet>> active_;
+  std::map<int32_t, std::shared_ptr<ProcessSet>> staged_;  // added, not yet agreed
+  int32_t next_set_id_ = 1;
+
+  std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+  bool work_ = false;
+  std::atomic<bool> shutdown_requested_{false};
+  std::atomic<bool> stopped_{false};
+  std::atomic<bool> failed_{false};
+  std::mutex status_mu_;
+  ErrorCode stop_code_ = ErrorCode::kShutdown;
+  std::string stop_message_;
+  std::thread thread_;
+};
+
+}  // namespace sdl

@@ -1,0 +1,322 @@
+// spark_dl._core: the Python extension over the runtime. Tensors cross as
+// DLPack (zero copy); nothing here knows any framework.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+
+#include <gloo/rendezvous/store.h>
+
+#include "common/config.h"
+#include "core/runtime.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace sdl {
+namespace {
+
+PyObject* g_core_error = nullptr;
+std::unique_ptr<Runtime> g_runtime;
+std::mutex g_mu;
+int g_epoch = 0;
+bool g_shut_down = false;
+
+// Rendezvous store backed by a Python object with set(key, bytes) and
+// get(key, timeout_s) -> bytes (spark_dl.common.basics adapts the runner's
+// authenticated KV client to it). Called only from threads that may take the GIL.
+class PyStore : public gloo::rendezvous::Store {
+ public:
+  explicit PyStore(nb::object obj) : obj_(std::move(obj)) {}
+  ~PyStore() override {
+    nb::gil_scoped_acquire gil;
+    obj_.reset();
+  }
+  void set(const std::string& key, const std::vector<char>& data) override {
+    nb::gil_scoped_acquire gil;
+    obj_.attr("set")(key, nb::bytes(data.data(), data.size()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    nb::gil_scoped_acquire gil;
+    nb::bytes b = nb::cast<nb::bytes>(obj_.attr("get")(key, timeout_s_));
+    const char* p = b.c_str();
+    return std::vector<char>(p, p + b.size());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, std::chrono::milliseconds(0)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    if (timeout.count() > 0) timeout_s_ = timeout.count() / 1000.0;
+    nb::gil_scoped_acquire gil;
+    for (const auto& k : keys) obj_.attr("get")(k, timeout_s_);
+  }
+
+ private:
+  nb::object obj_;
+  double timeout_s_ = 120.0;
+};
+
+Runtime& Rt() {
+  if (!g_runtime)
+    throw Error(ErrorCode::kNotInitialized,
+                g_shut_down ? "spark_dl has been shut down; call init() again to use it"
+                            : "spark_dl is not initialized; call init() first");
+  return *g_runtime;
+}
+
+DataType FromDLPack(nb::dlpack::dtype t) {
+  using C = nb::dlpack::dtype_code;
+  auto code = static_cast<C>(t.code);
+  if (t.lanes == 1) {
+    if (code == C::Int && t.bits == 8) return DataType::kInt8;
+    if (code == C::Int && t.bits == 16) return DataType::kInt16;
+    if (code == C::Int && t.bits == 32) return DataType::kInt32;
+    if (code == C::Int && t.bits == 64) return DataType::kInt64;
+    if (code == C::UInt && t.bits == 8) return DataType::kUInt8;
+    if (code == C::Float && t.bits == 16) return DataType::kFloat16;
+    if (code == C::Float && t.bits == 32) return DataType::kFloat32;
+    if (code == C::Float && t.bits == 64) return DataType::kFloat64;
+    if (code == C::Bfloat && t.bits == 16) return DataType::kBFloat16;
+    if (code == C::Bool && t.bits == 8) return DataType::kBool;
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              "unsupported tensor dtype (DLPack code " + std::to_string(t.code) + ", " +
+                  std::to_string(t.bits) + " bits); supported: uint8, int8, int16, int32, "
+                  "int64, float16, bfloat16, float32, float64, bool");
+}
+
+nb::dlpack::dtype ToDLPack(DataType dt) {
+  using C = nb::dlpack::dtype_code;
+  nb::dlpack::dtype t;
+  t.lanes = 1;
+  t.bits = static_cast<uint8_t>(DataTypeSize(dt) * 8);
+  switch (dt) {
+    case DataType::kInt8: case DataType::kInt16: case DataType::kInt32: case DataType::kInt64:
+      t.code = static_cast<uint8_t>(C::Int); break;
+    case DataType::kUInt8: case DataType::kUInt64: t.code = static_cast<uint8_t>(C::UInt); break;
+    case DataType::kFloat16: case DataType::kFloat32: case DataType::kFloat64:
+      t.code = static_cast<uint8_t>(C::Float); break;
+    case DataType::kBFloat16: t.code = static_cast<uint8_t>(C::Bfloat); break;
+    case DataType::kBool: t.code = static_cast<uint8_t>(C::Bool); break;
+  }
+  return t;
+}
+
+template <typename A>
+void CheckTensor(const A& a, const std::string& name, const char* what) {
+  if (a.device_type() != nb::device::cpu::value)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(what) + " of '" + name +
+                    "' is on a GPU; this build runs CPU tensors only (NCCL not built)");
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) > 1 && a.stride(i) != expect)
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(what) + " of '" + name + "' is not C-contiguous; make a contiguous copy");
+    expect *= static_cast<int64_t>(a.shape(i));
+  }
+}
+
+nb::object ToArray(const std::shared_ptr<Buffer>& buf) {
+  auto* keep = new std::shared_ptr<Buffer>(buf);
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<Buffer>*>(p); });
+  std::vector<size_t> shape(buf->shape.begin(), buf->shape.end());
+  static char empty[8];
+  void* data = buf->data ? buf->data.get() : empty;
+  nb::ndarray<> arr(data, shape.size(), shape.data(), owner, nullptr, ToDLPack(buf->dtype),
+                    nb::device::cpu::value);
+  return nb::cast(arr);
+}
+
+int64_t Enqueue(int op, const std::string& name, std::optional<nb::ndarray<nb::ro>> input,
+                std::optional<nb::ndarray<>> output, int32_t process_set, int reduce,
+                double prescale, double postscale, int32_t root, std::vector<int64_t> splits,
+                std::string group, int32_t group_size) {
+  Runtime& rt = Rt();
+  Request req;
+  req.op = static_cast<OpType>(op);
+  req.name = name;
+  req.reduce = static_cast<ReduceOp>(reduce);
+  req.prescale = prescale;
+  req.postscale = postscale;
+  req.root = root;
+  req.splits = std::move(splits);
+  req.group = std::move(group);
+  req.group_size = group_size;
+  const void* in = nullptr;
+  void* out = nullptr;
+  if (input) {
+    CheckTensor(*input, name, "input");
+    req.dtype = FromDLPack(input->dtype());
+    for (size_t i = 0; i < input->ndim(); ++i) req.shape.push_back(static_cast<int64_t>(input->shape(i)));
+    in = input->data();
+  }
+  if (output) {
+    CheckTensor(*output, name, "output");
+    if (FromDLPack(output->dtype()) != req.dtype || output->size() != (input ? input->size() : 0))
+      throw Error(ErrorCode::kInvalidArgument,
+                  "output of '" + name + "' must have the input's dtype and number of elements");
+    out = output->data();
+  }
+  nb::gil_scoped_release nogil;
+  return rt.Enqueue(process_set, std::move(req), in, out);
+}
+
+nb::tuple Take(int64_t h) {
+  Result r = Rt().handles().Take(h);
+  nb::list outs;
+  for (auto& b : r.outputs) outs.append(ToArray(b));
+  nb::list ints;
+  for (int64_t v : r.ints) ints.append(v);
+  return nb::make_tuple(static_cast<int>(r.code), r.message, outs, ints);
+}
+
+void TranslateErrors(const std::exception_ptr& p, void*) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const Error& e) {
+    nb::object args = nb::make_tuple(static_cast<int>(e.code), e.what());
+    PyErr_SetObject(g_core_error, args.ptr());
+  } catch (const std::invalid_argument& e) {
+    nb::object args = nb::make_tuple(static_cast<int>(ErrorCode::kInvalidArgument), e.what());
+    PyErr_SetObject(g_core_error, args.ptr());
+  }
+}
+
+}  // namespace
+}  // namespace sdl
+
+NB_MODULE(_core, m) {
+  using namespace sdl;
+  m.doc() = "spark_dl native collective core (use spark_dl.common, not this module)";
+  g_core_error = PyErr_NewException("spark_dl._core.CoreError", PyExc_RuntimeError, nullptr);
+  m.attr("CoreError") = nb::handle(g_core_error);
+  nb::register_exception_translator(TranslateErrors);
+
+  // Enumerations the Python layer uses, exported so no copy is kept by hand.
+  nb::dict reduce_ops, op_types, error_codes;
+  for (ReduceOp r : {ReduceOp::kAverage, ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax,
+                     ReduceOp::kProduct})
+    reduce_ops[ReduceOpName(r)] = static_cast<int>(r);
+  for (OpType o : {OpType::kAllreduce, OpType::kAllgather, OpType::kBroadcast, OpType::kAlltoall,
+                   OpType::kReducescatter, OpType::kBarrier, OpType::kJoin})
+    op_types[OpTypeName(o)] = static_cast<int>(o);
+  const std::pair<const char*, ErrorCode> codes[] = {
+      {"ok", ErrorCode::kOk}, {"invalid_argument", ErrorCode::kInvalidArgument},
+      {"mismatch", ErrorCode::kMismatch}, {"peer_failure", ErrorCode::kPeerFailure},
+      {"shutdown", ErrorCode::kShutdown}, {"not_initialized", ErrorCode::kNotInitialized},
+      {"duplicate_name", ErrorCode::kDuplicateName}, {"timeout", ErrorCode::kTimeout}};
+  for (auto& [n, c] : codes) error_codes[n] = static_cast<int>(c);
+  m.attr("REDUCE_OPS") = reduce_ops;
+  m.attr("OP_TYPES") = op_types;
+  m.attr("ERROR_CODES") = error_codes;
+
+  m.def("knob_table", [] {
+    nb::list out;
+    for (const KnobInfo& k : KnobTable()) {
+      nb::dict d;
+      d["name"] = k.field;
+      d["env"] = k.env;
+      d["type"] = k.type;
+      d["default"] = k.default_value;
+      d["tunable"] = k.tunable;
+      d["doc"] = k.doc;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("build_info", [] {
+    nb::dict d;
+    d["gloo"] = true;
+#ifdef SDL_HAVE_MPI
+    d["mpi"] = true;
+#else
+    d["mpi"] = false;
+#endif
+    d["nccl"] = false;
+    d["cuda"] = false;
+    d["shm"] = true;
+    return d;
+  });
+
+  m.def(
+      "init",
+      [](int rank, int size, int local_rank, int local_size, int cross_rank, int cross_size,
+         const std::string& hostname, nb::object store,
+         std::vector<std::vector<int32_t>> process_sets, std::map<std::string, std::string> knobs) {
+        std::lock_guard<std::mutex> lk(g_mu);
+        if (g_runtime) return false;  // already initialized: init() is idempotent
+        RuntimeOptions o;
+        o.topo = {rank, size, local_rank, local_size, cross_rank, cross_size};
+        o.hostname = hostname;
+        if (!store.is_none()) o.store = std::make_shared<PyStore>(store);
+        o.epoch = g_epoch++;
+        o.process_sets = std::move(process_sets);
+        o.config = Config::FromEnv();
+        for (auto& [k, v] : knobs) o.config.Set(k, v);
+        g_runtime = std::make_unique<Runtime>(std::move(o));
+        g_shut_down = false;
+        return true;
+      },
+      "rank"_a, "size"_a, "local_rank"_a, "local_size"_a, "cross_rank"_a, "cross_size"_a,
+      "hostname"_a, "store"_a.none(), "process_sets"_a, "knobs"_a);
+  m.def("shutdown", [] {
+    std::unique_ptr<Runtime> rt;
+    {
+      std::lock_guard<std::mutex> lk(g_mu);
+      rt = std::move(g_runtime);
+      if (rt) g_shut_down = true;
+    }
+    if (rt) {
+      nb::gil_scoped_release nogil;
+      rt.reset();
+    }
+  });
+  m.def("is_initialized", [] { return static_cast<bool>(g_runtime); });
+  m.def("topology", [] {
+    const Topology& t = Rt().topology();
+    nb::dict d;
+    d["rank"] = t.rank;
+    d["size"] = t.size;
+    d["local_rank"] = t.local_rank;
+    d["local_size"] = t.local_size;
+    d["cross_rank"] = t.cross_rank;
+    d["cross_size"] = t.cross_size;
+    return d;
+  });
+  m.def("enqueue", &Enqueue, "op"_a, "name"_a, "input"_a.none(), "output"_a.none(),
+        "process_set"_a = 0, "reduce"_a = 1, "prescale"_a = 1.0, "postscale"_a = 1.0,
+        "root"_a = 0, "splits"_a = std::vector<int64_t>(), "group"_a = "", "group_size"_a = 0);
+  m.def("poll", [](int64_t h) { return Rt().handles().Poll(h); });
+  m.def(
+      "wait",
+      [](int64_t h, double timeout_s) {
+        Runtime& rt = Rt();
+        nb::gil_scoped_release nogil;
+        return rt.handles().Wait(h, timeout_s);
+      },
+      "handle"_a, "timeout_s"_a = -1.0);
+  m.def("take", &Take);
+  m.def("add_process_set", [](std::vector<int32_t> ranks) { return Rt().AddProcessSet(std::move(ranks)); });
+  m.def("remove_process_set", [](int32_t id) { return Rt().RemoveProcessSet(id); });
+  m.def("process_set_ranks", [](int32_t id) { return Rt().ProcessSetRanks(id); });
+  m.def("process_set_ids", [] { return Rt().ProcessSetIds(); });
+  m.def("transport", [](int32_t id) { return Rt().TransportOf(id); }, "process_set"_a = 0);
+  m.def("counters", [] {
+    Counters& c = Rt().counters();
+    std::map<std::string, int64_t> d{
+        {"cycles", c.cycles}, {"full_negotiations", c.full_negotiations},
+        {"cache_hits", c.cache_hits}, {"negotiated", c.negotiated},
+        {"collectives", c.collectives}, {"fused_tensors", c.fused_tensors},
+        {"tensors", c.tensors}, {"bytes", c.bytes}};
+    return d;
+  });
+  m.def("config", [] { return Rt().config().Items(); });
+  m.def("set_knob", [](const std::string& name, const std::string& value) { Rt().SetKnob(name, value); });
+}

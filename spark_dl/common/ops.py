@@ -1,0 +1,89 @@
+"""Framework-neutral submission of collectives to the core.
+
+Front ends (:mod:`spark_dl.numpy`, ``spark_dl.torch``, ...) pass any object
+that speaks DLPack (``__dlpack__``) and a ``wrap`` function that turns the
+core's DLPack outputs into their own tensor type. Nothing is copied for
+contiguous CPU tensors.
+"""
+
+import collections
+import itertools
+
+from spark_dl import _core
+from spark_dl.common.exceptions import raise_from_core
+from spark_dl.common.handles import Handle
+from spark_dl.common.process_sets import global_process_set
+
+__all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "auto_name", "submit",
+           "DLPackTensor"]
+
+Average = _core.REDUCE_OPS["Average"]
+Sum = _core.REDUCE_OPS["Sum"]
+Min = _core.REDUCE_OPS["Min"]
+Max = _core.REDUCE_OPS["Max"]
+Product = _core.REDUCE_OPS["Product"]
+Adasum = None  # not supported: passing it raises
+
+OP = _core.OP_TYPES
+_counters = collections.defaultdict(itertools.count)
+
+
+def auto_name(kind):
+    """A name for an unnamed operation; equal on every rank that calls the same ops in order."""
+    return f"{kind}.noname.{next(_counters[kind])}"
+
+
+class DLPackTensor:
+    """Presents a DLPack capsule from the core through the ``__dlpack__`` protocol.
+
+    ``numpy.from_dlpack(DLPackTensor(c))`` and ``torch.from_dlpack(...)`` take
+    the memory without copying; the capsule can be consumed once.
+    """
+
+    __slots__ = ("_capsule",)
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        capsule, self._capsule = self._capsule, None
+        if capsule is None:
+            raise BufferError("this DLPack tensor was already consumed")
+        return capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU, device 0
+
+
+def _ps_id(process_set):
+    if process_set is None or process_set is global_process_set:
+        return 0
+    process_set._require_registered()
+    return process_set.process_set_id
+
+
+def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set=None,
+           op=Sum, prescale_factor=1.0, postscale_factor=1.0, root=0, splits=(),
+           group="", group_size=0):
+    """Enqueues one operation and returns its :class:`Handle`.
+
+    Args:
+        kind: 'allreduce', 'allgather', 'broadcast', 'alltoall', 'reducescatter',
+            'barrier' or 'join'.
+        tensor / output: DLPack-capable CPU arrays (output written in place).
+        keep: more objects to keep alive until the handle completes.
+        finish: ``finish(outputs, ints)`` builds the result from the core's
+            DLPack outputs and integer results.
+    """
+    if op is None:
+        from spark_dl.common.exceptions import InvalidArgumentError
+
+        raise InvalidArgumentError("Adasum is not supported by spark_dl; use Average or Sum")
+    name = name or auto_name(kind)
+    try:
+        hid = _core.enqueue(OP[kind], name, tensor, output, _ps_id(process_set), int(op),
+                            float(prescale_factor), float(postscale_factor), int(root),
+                            [int(s) for s in splits], group, int(group_size))
+    except _core.CoreError as e:
+        raise_from_core(e)
+    return Handle(hid, (tensor, output, keep), finish or (lambda outputs, ints: None), name=name)

@@ -1,0 +1,172 @@
+"""The Gloo launcher: a rendezvous server on the launcher, one process per rank.
+
+Workers find each other through the rendezvous server (the core's Gloo context reads and
+writes it with :class:`~spark_dl.runner.kvstore.KVStoreClient`), so the launcher only has
+to start each rank with its environment:
+
+========================  ===================================================
+``SDL_RANK`` ...          rank, size, local and cross rank/size (and the same
+                          values as ``HOROVOD_*`` for scripts written for Horovod)
+``SDL_HOSTNAME``          the address peers use to reach this worker
+``SDL_RENDEZVOUS_ADDR``   the rendezvous server, as reachable from the worker
+``SDL_RENDEZVOUS_PORT``
+``SDL_SECRET_KEY``        the per-job secret, hex; only ever in environments
+``SDL_JOB_ID``            random per job
+``SDL_CONTROLLER``        ``gloo``
+``SDL_START_TIMEOUT``     seconds the rendezvous may take
+========================  ===================================================
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+import time
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from spark_dl.runner import remote
+from spark_dl.runner.hosts import LOCALHOST, SlotInfo
+from spark_dl.runner.kvstore import KVStoreServer
+from spark_dl.runner.options import LaunchOptions
+from spark_dl.runner.output import OutputForwarder
+from spark_dl.runner.secret import make_secret, secret_to_hex
+from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
+
+
+def worker_environment(slot: SlotInfo, peer_address: str, rendezvous_addr: str,
+                       rendezvous_port: int, secret: bytes, job_id: str,
+                       start_timeout: float) -> Dict[str, str]:
+    """The variables that tell one worker who it is and how to meet its peers."""
+    topology = {"RANK": slot.rank, "SIZE": slot.size, "LOCAL_RANK": slot.local_rank,
+                "LOCAL_SIZE": slot.local_size, "CROSS_RANK": slot.cross_rank,
+                "CROSS_SIZE": slot.cross_size}
+    env = {}
+    for name, value in topology.items():
+        env[f"SDL_{name}"] = str(value)
+        env[f"HOROVOD_{name}"] = str(value)
+    env.update({
+        "SDL_HOSTNAME": peer_address,
+        "SDL_RENDEZVOUS_ADDR": rendezvous_addr,
+        "SDL_RENDEZVOUS_PORT": str(rendezvous_port),
+        "SDL_SECRET_KEY": secret_to_hex(secret),
+        "SDL_JOB_ID": job_id,
+        "SDL_CONTROLLER": "gloo",
+        "SDL_START_TIMEOUT": f"{start_timeout:g}",
+    })
+    return env
+
+
+def route_address(remote_host: str) -> str:
+    """This machine's address on the route to ``remote_host`` (no packet is sent).
+
+    Falls back to this machine's host name when the route cannot be determined.
+    """
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(remote_host, 22,
+                                                       type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.connect(sockaddr)
+            return sock.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
+
+def run_gloo(command: Sequence[str], slots: Sequence[SlotInfo], options: LaunchOptions,
+             env: Optional[Mapping[str, str]] = None,
+             stopper: Optional[Stopper] = None) -> int:
+    """Runs ``command`` once per slot and returns the job's exit code.
+
+    Args:
+        command: the program and arguments every rank runs.
+        slots: from :func:`~spark_dl.runner.hosts.assign_ranks`; ``hostname`` is
+            ``"localhost"`` for this machine (after :func:`merge_hosts` with is_local).
+        options: launch options.
+        env: extra variables for every worker, on top of the launcher's environment.
+        stopper: receives the launcher's SIGINT/SIGTERM.
+    """
+    remote_hosts = [s.hostname for s in slots if s.hostname != LOCALHOST]
+    all_local = not remote_hosts
+    if options.rendezvous_addr:
+        rendezvous_addr = options.rendezvous_addr
+    else:
+        rendezvous_addr = "127.0.0.1" if all_local else route_address(remote_hosts[0])
+    stdout = options.stdout or sys.stdout.buffer
+    stderr = options.stderr or sys.stderr.buffer
+    forwarder = OutputForwarder(stdout, stderr, prefix=options.prefix_output,
+                                timestamp=options.prefix_timestamp,
+                                output_dir=options.output_dir)
+    secret = make_secret()
+    job_id = secrets.token_hex(8)
+    cwd = options.cwd or os.getcwd()
+    server = KVStoreServer(secret, host="127.0.0.1" if all_local else "0.0.0.0",
+                           verbose=options.verbose)
+    port = server.start()
+    try:
+        specs = _worker_specs(command, slots, options, env or {}, rendezvous_addr, port,
+                              secret, job_id, cwd, all_local)
+        group = WorkerGroup(specs, forwarder, kill_grace=options.kill_grace,
+                            stopper=stopper, verbose=options.verbose)
+        if options.verbose:
+            group.log(f"job {job_id}: {len(slots)} ranks, rendezvous at "
+                      f"{rendezvous_addr}:{port}")
+            for spec in specs:
+                group.log(f"rank {spec.rank} on {spec.hostname}: "
+                          + " ".join(spec.argv))
+        remote_ranks = [s.rank for s in slots if s.hostname != LOCALHOST]
+        check = (_registration_check(server, remote_ranks, slots, options.start_timeout,
+                                     rendezvous_addr, port) if remote_ranks else None)
+        return group.run(start_check=check)
+    finally:
+        server.stop()
+
+
+def _worker_specs(command, slots, options, extra_env, rendezvous_addr, port, secret,
+                  job_id, cwd, all_local) -> List[WorkerSpec]:
+    specs = []
+    for slot in slots:
+        local = slot.hostname == LOCALHOST
+        if local:
+            peer_address = "127.0.0.1" if all_local else rendezvous_addr
+        else:
+            peer_address = slot.hostname
+        job_env = worker_environment(slot, peer_address, rendezvous_addr, port, secret,
+                                     job_id, options.start_timeout)
+        if local:
+            full_env = {**os.environ, **extra_env, **job_env}
+            specs.append(WorkerSpec(slot.rank, slot.hostname, list(command), full_env,
+                                    cwd=cwd))
+            continue
+        remote_env = {**remote.forwarded_environment(os.environ), **extra_env, **job_env}
+        argv = remote.build_ssh_command(
+            slot.hostname, options.ssh_command, port=options.ssh_port,
+            identity_file=options.ssh_identity_file, connect_timeout=options.start_timeout,
+            cwd=cwd, pythonpath=os.environ.get("PYTHONPATH"))
+        # The ssh client itself runs with the launcher's environment minus the secret.
+        ssh_env = {k: v for k, v in os.environ.items() if k != "SDL_SECRET_KEY"}
+        specs.append(WorkerSpec(slot.rank, slot.hostname, argv, ssh_env,
+                                stdin_data=remote.encode_payload(command, remote_env, cwd)))
+    return specs
+
+
+def _registration_check(server: KVStoreServer, ranks: Sequence[int],
+                        slots: Sequence[SlotInfo], start_timeout: float,
+                        rendezvous_addr: str, port: int):
+    """A start check: every remote rank registers within the start timeout."""
+    deadline = time.monotonic() + start_timeout
+    waiting = set(ranks)
+    hosts = {s.rank: s.hostname for s in slots}
+
+    def check() -> Optional[str]:
+        for rank in list(waiting):
+            if server.get(remote.REGISTER_SCOPE, remote.register_key(rank)) is not None:
+                waiting.discard(rank)
+        if not waiting or time.monotonic() < deadline:
+            return None
+        missing = ", ".join(f"{r} ({hosts[r]})" for r in sorted(waiting))
+        return (f"ranks {missing} did not start within {start_timeout:g} s: check that ssh "
+                f"reaches those hosts and that they reach the rendezvous server at "
+                f"{rendezvous_addr}:{port} (see --start-timeout, --rendezvous-addr)")
+
+    return check

@@ -1,0 +1,161 @@
+"""The ``sdlrun`` command and its Python API, :func:`run_command`.
+
+``sdlrun -np 4 -H a:2,b:2 python train.py`` starts four workers, two per host, each with
+its rank environment, and returns when they are done. See ``docs/sdlrun.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import threading
+from typing import Iterator, List, Mapping, Optional, Sequence, Union
+
+from spark_dl.runner.hosts import (HostSlots, assign_ranks, is_local_host, merge_hosts,
+                                   parse_hostfile, parse_hosts)
+from spark_dl.runner.options import LaunchOptions
+from spark_dl.runner.workers import Stopper
+
+HostsArg = Union[None, str, Sequence[Union[HostSlots, str, tuple]]]
+
+
+def _to_hosts(hosts: HostsArg, hostfile: Optional[str], np: int) -> List[HostSlots]:
+    if hosts is not None and hostfile is not None:
+        raise ValueError("give hosts or a hostfile, not both")
+    if hostfile is not None:
+        return parse_hostfile(hostfile)
+    if hosts is None:
+        return [HostSlots("localhost", np)]
+    if isinstance(hosts, str):
+        return parse_hosts(hosts)
+    result = []
+    for host in hosts:
+        if isinstance(host, HostSlots):
+            result.append(host)
+        elif isinstance(host, str):
+            result.extend(parse_hosts(host))
+        else:
+            name, slots = host
+            result.append(HostSlots(str(name), int(slots)))
+    return result
+
+
+@contextlib.contextmanager
+def _forward_signals(stopper: Stopper) -> Iterator[None]:
+    """Routes SIGINT/SIGTERM to ``stopper`` while launching (main thread only: elsewhere,
+    e.g. inside a Spark driver thread, the caller keeps its own handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, lambda s, _frame: stopper.request(s))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def run_command(command: Sequence[str], np: int, hosts: HostsArg = None,
+                env: Optional[Mapping[str, str]] = None, hostfile: Optional[str] = None,
+                **options) -> int:
+    """Runs ``command`` on ``np`` workers and returns the job's exit code.
+
+    Args:
+        command: program and arguments, run by every rank.
+        np: number of workers.
+        hosts: ``"a:2,b:2"``, or a list of :class:`HostSlots`, ``"host:slots"`` strings or
+            ``(host, slots)`` pairs; default ``localhost:np``.
+        env: extra environment variables for every worker.
+        hostfile: a host file instead of ``hosts``.
+        **options: fields of :class:`~spark_dl.runner.options.LaunchOptions`
+            (``start_timeout``, ``output_dir``, ``verbose``, ``kill_grace`` ...).
+
+    Returns:
+        0 when every worker succeeded; else the exit code of the first worker that failed
+        (128+N if killed by signal N), 128+N if the launcher received signal N, 1 if
+        workers did not start in time, 126/127 if the command could not be started.
+
+    Raises:
+        ValueError: bad hosts, np or options.
+        TypeError: an unknown option.
+    """
+    if not command:
+        raise ValueError("no command to run")
+    opts = LaunchOptions(**options)
+    opts.validate()
+    host_list = merge_hosts(_to_hosts(hosts, hostfile, np), is_local=is_local_host)
+    slots = assign_ranks(host_list, np)
+    stopper = Stopper()
+    with _forward_signals(stopper):
+        if opts.controller == "gloo":
+            from spark_dl.runner.gloo_run import run_gloo
+            return run_gloo(list(command), slots, opts, env=env, stopper=stopper)
+    raise ValueError(f"unsupported controller {opts.controller!r}")  # pragma: no cover
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sdlrun", allow_abbrev=False,
+        description="Launch a spark_dl (or Horovod-style) job: run COMMAND once per rank.",
+        epilog="Example: sdlrun -np 4 -H host1:2,host2:2 python train.py")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
+                        help="number of workers (ranks)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", help="host:slots,... (default: localhost:NP)")
+    where.add_argument("--hostfile", help="file with one 'host slots=N' or 'host:N' per line")
+    parser.add_argument("--start-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="how long workers may take to start and meet (default 30)")
+    parser.add_argument("--output-filename", metavar="DIR",
+                        help="also write each rank's output to DIR/rank.<r>/{stdout,stderr}")
+    parser.add_argument("--prefix-output-with-timestamp", action="store_true",
+                        help="put a timestamp before every forwarded line")
+    parser.add_argument("--disable-output-prefix", action="store_true",
+                        help="forward worker output without the [rank]<stream> prefix")
+    parser.add_argument("--verbose", action="store_true",
+                        help="report hosts, ranks, commands and rendezvous traffic")
+    controller = parser.add_mutually_exclusive_group()
+    controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
+                            help="use Gloo for the controller and collectives (default)")
+    controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
+                            help=argparse.SUPPRESS)
+    parser.add_argument("-p", "--ssh-port", type=int, help="ssh port of remote hosts")
+    parser.add_argument("-i", "--ssh-identity-file", help="ssh private key for remote hosts")
+    parser.add_argument("--rendezvous-addr", metavar="ADDR",
+                        help="address workers use to reach this launcher (default: "
+                             "127.0.0.1 for local jobs, else the address on the route to "
+                             "the first remote host)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="program and arguments")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``sdlrun`` and ``python -m spark_dl.runner``; returns the exit code."""
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        parser.error("no command given")
+    if args.controller == "mpi":
+        parser.error("--mpi is not supported yet; only --gloo (the default)")
+    try:
+        return run_command(
+            command, args.np, hosts=args.hosts, hostfile=args.hostfile,
+            controller=args.controller or "gloo", start_timeout=args.start_timeout,
+            output_dir=args.output_filename, verbose=args.verbose,
+            prefix_output=not args.disable_output_prefix,
+            prefix_timestamp=args.prefix_output_with_timestamp,
+            ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
+            rendezvous_addr=args.rendezvous_addr)
+    except (ValueError, OSError) as exc:
+        print(f"sdlrun: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Launch options shared by the CLI, the Python API and every launcher (Gloo; MPI next)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import BinaryIO, Optional, Sequence
+
+CONTROLLERS = ("gloo",)  # "mpi" joins when its launcher lands
+
+
+@dataclass
+class LaunchOptions:
+    """How to launch one job. Every field has a default, so adding one breaks no caller.
+
+    Attributes:
+        controller: which launcher starts the workers (only ``"gloo"`` for now).
+        start_timeout: seconds workers may take to start and register (remote workers
+            register with the rendezvous server; workers also receive it as
+            ``SDL_START_TIMEOUT`` to bound their own rendezvous).
+        output_dir: also write each rank's raw output to ``DIR/rank.<r>/{stdout,stderr}``.
+        prefix_output: prefix every forwarded line with ``[<rank>]<stdout>: ``.
+        prefix_timestamp: put a timestamp before that prefix.
+        verbose: report hosts, ranks, commands and rendezvous traffic on stderr.
+        ssh_port, ssh_identity_file: passed to ssh for remote hosts.
+        ssh_command: the ssh program and fixed arguments (tests substitute a fake).
+        rendezvous_addr: address workers use to reach the rendezvous server; default
+            127.0.0.1 when every host is local, else this machine's address on the route
+            to the first remote host.
+        kill_grace: seconds between SIGTERM and SIGKILL when stopping workers.
+        cwd: working directory of the workers (default: the launcher's).
+        stdout, stderr: binary streams receiving forwarded output (default: the
+            launcher's own stdout/stderr).
+    """
+
+    controller: str = "gloo"
+    start_timeout: float = 30.0
+    output_dir: Optional[str] = None
+    prefix_output: bool = True
+    prefix_timestamp: bool = False
+    verbose: bool = False
+    ssh_port: Optional[int] = None
+    ssh_identity_file: Optional[str] = None
+    ssh_command: Sequence[str] = ("ssh",)
+    rendezvous_addr: Optional[str] = None
+    kill_grace: float = 3.0
+    cwd: Optional[str] = None
+    stdout: Optional[BinaryIO] = None
+    stderr: Optional[BinaryIO] = None
+
+    def validate(self) -> None:
+        """Raises ValueError for an option outside its range."""
+        if self.controller not in CONTROLLERS:
+            raise ValueError(f"unsupported controller {self.controller!r}; "
+                             f"available: {', '.join(CONTROLLERS)}")
+        if self.start_timeout <= 0:
+            raise ValueError("start_timeout must be positive")
+        if self.kill_grace < 0:
+            raise ValueError("kill_grace must not be negative")
+        if self.ssh_port is not None and not 0 < self.ssh_port < 65536:
+            raise ValueError(f"invalid ssh port {self.ssh_port}")
