@@ -28,9 +28,15 @@ OP = _core.OP_TYPES
 _counters = collections.defaultdict(itertools.count)
 
 
-def auto_name(kind):
-    """A name for an unnamed operation; equal on every rank that calls the same ops in order."""
-    return f"{kind}.noname.{next(_counters[kind])}"
+def auto_name(kind, process_set_id=0):
+    """A name for an unnamed operation.
+
+    Counted per operation kind and process set, so the name is equal on every
+    member that calls the same unnamed operations on that set in the same order
+    (ranks outside a set do not fall out of step with its members).
+    """
+    n = next(_counters[(kind, process_set_id)])
+    return f"{kind}.noname.{n}" if process_set_id == 0 else f"{kind}.ps{process_set_id}.noname.{n}"
 
 
 class DLPackTensor:
@@ -79,9 +85,10 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
         from spark_dl.common.exceptions import InvalidArgumentError
 
         raise InvalidArgumentError("Adasum is not supported by spark_dl; use Average or Sum")
-    name = name or auto_name(kind)
+    ps_id = _ps_id(process_set)
+    name = name or auto_name(kind, ps_id)
     try:
-        hid = _core.enqueue(OP[kind], name, tensor, output, _ps_id(process_set), int(op),
+        hid = _core.enqueue(OP[kind], name, tensor, output, ps_id, int(op),
                             float(prescale_factor), float(postscale_factor), int(root),
                             [int(s) for s in splits], group, int(group_size))
     except _core.CoreError as e:

@@ -29,7 +29,8 @@ __all__ = [
 
 
 def _as_array(tensor):
-    return np.ascontiguousarray(tensor)
+    # np.ascontiguousarray would turn 0-d arrays into 1-d ones.
+    return np.asarray(tensor, order="C")
 
 
 def _resolve_op(average, op, default=_ops.Average):
@@ -104,7 +105,7 @@ class _GroupHandle(Handle):
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of arrays as one unit: negotiated together and fused into one collective."""
-    group = name or _ops.auto_name("grouped_allreduce")
+    group = name or _ops.auto_name("grouped_allreduce", _ops._ps_id(process_set))
     handles = []
     for i, t in enumerate(tensors):
         arr = _as_array(t)

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -43,6 +44,23 @@ inline void CpuRelax() {
 }
 
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// True when pid has exited: gone, or a zombie its parent has not reaped yet
+// (kill(pid, 0) still succeeds for those).
+bool ProcessExited(pid_t pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char buf[512];
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* close_paren = std::strrchr(buf, ')');  // comm may contain spaces
+  return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
 
 }  // namespace
 
@@ -163,6 +181,7 @@ void ShmComm::WaitFor(int peer, uint64_t step) {
   }
   double start = Now();
   double deadline = start + timeout_s_;
+  double next_pid_check = start;
   uint64_t spins = 0;
   while (c->step.load(std::memory_order_acquire) < step) {
     ++spins;
@@ -173,7 +192,7 @@ void ShmComm::WaitFor(int peer, uint64_t step) {
              (f == 1 ? " failed during a collective (its transport raised an error)"
                      : " stopped taking part in collectives (it shut down or failed)"));
       pid_t pid = c->pid.load();
-      if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
+      if (now >= next_pid_check && (next_pid_check = now + 0.01, ProcessExited(pid)))
         Fail("rank " + std::to_string(global_ranks_[peer]) + " (pid " + std::to_string(pid) +
              ") exited while rank " + std::to_string(global_ranks_[rank_]) +
              " waited for it in a collective");

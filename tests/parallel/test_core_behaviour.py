@@ -1,0 +1,108 @@
+"""Process sets, fusion and cache counters, join, and every error case of the core."""
+
+import time
+
+import pytest
+
+from harness import collect, run_ranks, spawn_ranks
+
+
+@pytest.mark.parametrize("np_", [3, 4])
+def test_process_sets(np_):
+    res = run_ranks("core_workers:process_sets", np_, timeout=90)
+    evens = list(range(0, np_, 2))
+    for rank, r in enumerate(res):
+        if rank in (0, 1):
+            assert r["init_set"] == 3.0
+            assert r["init_set_rank"] == rank
+        assert r["ids"] == (2, 3)
+        assert r["global"] == float(np_)
+        if rank in evens:
+            assert r["evens"] == float(sum(evens))
+            assert r["evens_gather"] == evens
+            assert r["evens_bcast"] == [evens[-1]]
+        else:
+            assert "not a member" in r["nonmember"]
+        assert r["removed"] is True
+        assert "not registered" in r["after_remove"]
+        assert r["global_after"] == 2.0 * np_
+
+
+def test_fusion_and_cache_counters():
+    for r in run_ranks("core_workers:fusion_and_cache", 2, timeout=90):
+        assert r["ok"]
+        c0, c1, c2, c3 = r["c0"], r["c1"], r["c2"], r["c3"]
+        # 40 tensors submitted at once: fused into fewer collectives than tensors.
+        first_tensors = c1["tensors"] - c0["tensors"]
+        first_collectives = c1["collectives"] - c0["collectives"]
+        assert first_tensors == 40
+        assert first_collectives < 40 / 2, (c0, c1)
+        assert c1["fused_tensors"] > 0
+        # The next 20 steps reuse the names: served from the response cache.
+        assert c2["cache_hits"] - c1["cache_hits"] >= 20 * 40 * 0.9, (c1, c2)
+        assert c2["full_negotiations"] - c1["full_negotiations"] <= 20, (c1, c2)
+        # fusion_threshold=0 disables fusion: one collective per tensor.
+        assert c3["collectives"] - c2["collectives"] == 10
+        assert c3["fused_tensors"] == c2["fused_tensors"]
+
+
+def test_join_contributes_zeros_and_returns_last_rank():
+    res = run_ranks("core_workers:join_uneven", 3, timeout=60)
+    # steps: rank0 2, rank1 3, rank2 4 -> sums 3,3,2,1 as ranks join
+    assert res[2]["sums"] == [3.0, 3.0, 2.0, 1.0]
+    assert res[1]["sums"] == [3.0, 3.0, 2.0]
+    assert res[0]["sums"] == [3.0, 3.0]
+    assert all(r["last"] == 2 for r in res)
+
+
+@pytest.mark.parametrize("kind,needle", [
+    ("shape", "Mismatched allreduce shapes for tensor 'w': rank 0 has [1]; rank 1 has [2]"),
+    ("dtype", "Mismatched allreduce data types for tensor 'w': rank 0 has float32; rank 1 has float64"),
+    ("op", "Mismatched allgather operations for tensor 'w'"),
+    ("root", "Mismatched broadcast root ranks for tensor 'w': rank 0 has root 0; rank 1 has root 1"),
+    ("reduce", "Mismatched allreduce reduce ops for tensor 'w'"),
+])
+def test_mismatch_raises_on_every_rank(kind, needle):
+    res = run_ranks("core_workers:mismatch", 2, timeout=60, args=(kind,))
+    for r in res:
+        assert r["error"] is not None and r["error"].startswith("MismatchError"), r
+        if kind != "op":
+            assert needle in r["error"]
+        else:
+            assert "operations for tensor 'w'" in r["error"] and "rank 0 has allreduce" in r["error"]
+        assert r["after"] == 2.0
+
+
+def test_duplicate_inflight_name():
+    res = run_ranks("core_workers:duplicate_name", 2, timeout=60)
+    assert "already in flight" in res[0] and "'dup'" in res[0]
+
+
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_killed_rank_fails_peers_in_bounded_time(transport):
+    env = {"SDL_SHM": "1" if transport == "shm" else "0"}
+    procs, outdir, server = spawn_ranks("core_workers:die_mid_collective", 3, env=env,
+                                        args=("kill",))
+    start = time.monotonic()
+    results = collect(procs, outdir, server, timeout=60, wait_for=[0, 1])
+    assert time.monotonic() - start < 40
+    for rank in (0, 1):
+        code, payload, output = results[rank]
+        assert payload and payload["ok"], output
+        r = payload["value"]
+        assert r["error"] and r["error"].startswith("PeerFailureError"), r
+        assert "rank 2" in r["error"] or transport == "gloo", r
+        assert r["elapsed"] < 30, r
+        assert r["later"] == "PeerFailureError"
+    assert results[2][0] == -9
+
+
+def test_hung_rank_fails_peers_after_timeout_knob():
+    procs, outdir, server = spawn_ranks("core_workers:die_mid_collective", 2,
+                                        env={"SDL_TIMEOUT": "3"}, args=("stop",))
+    results = collect(procs, outdir, server, timeout=60, wait_for=[0])
+    code, payload, output = results[0]
+    assert payload and payload["ok"], output
+    r = payload["value"]
+    assert r["error"].startswith("PeerFailureError") and "SDL_TIMEOUT" in r["error"], r
+    assert 2.5 < r["elapsed"] < 15, r

@@ -1,0 +1,34 @@
+"""Every operation x dtype x reduce op on 2 and 3 ranks, over shared memory and Gloo,
+checked against NumPy (each rank recomputes every rank's inputs)."""
+
+import pytest
+
+from core_cases import cases
+from harness import run_ranks
+
+TRANSPORTS = {"shm": {"SDL_SHM": "1"}, "gloo": {"SDL_SHM": "0"}}
+_results = {}
+
+
+def _matrix(np_, transport):
+    key = (np_, transport)
+    if key not in _results:
+        try:
+            _results[key] = run_ranks("core_workers:op_matrix", np_, env=TRANSPORTS[transport],
+                                      timeout=240)
+        except Exception as e:  # noqa: BLE001 - every case of this launch reports it
+            _results[key] = e
+    res = _results[key]
+    if isinstance(res, Exception):
+        raise res
+    return res
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("case", cases())
+def test_op(case, np_, transport):
+    per_rank = _matrix(np_, transport)
+    assert all(r["__transport__"] == transport for r in per_rank)
+    errors = {rank: r[case] for rank, r in enumerate(per_rank) if r[case] is not None}
+    assert not errors, f"{case} on {np_} ranks over {transport}: {errors}"
