@@ -1,0 +1,212 @@
+"""Data pipeline benchmark: prepare_data rows/s, and rows/s from the same Parquet files to
+torch batches for spark_dl's Arrow loader and for petastorm (make_batch_reader + its
+BatchedDataLoader).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/dataloader.py                 # 2M rows x 64 float32
+    PYTHONPATH=. .venv/bin/python benchmarks/dataloader.py --rows 200000   # smaller
+
+petastorm 0.13.1 does not import with the pyarrow/numpy this project uses, so it runs in its own
+virtual environment (``--petastorm-python``, default ``build/petastorm-venv/bin/python``),
+reading the same files in the same benchmark run. ``--setup-petastorm`` creates that
+environment (pyarrow 10, numpy < 2, torch pinned by constraints.txt, petastorm without its
+setuptools pin). Results are printed as a table and written as JSON (``--json``).
+
+Both loaders are measured single-rank, one epoch each after a warm-up epoch (so the files are
+in the page cache for both), in two modes: no shuffling, and shuffling with the same row
+buffer size (spark_dl: row-group order + shuffle pool; petastorm: row-group order +
+``shuffling_queue_capacity``).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_PST_VENV = os.path.join(ROOT, "build", "petastorm-venv")
+
+
+# ----------------------------------------------------------------------------- petastorm side
+# Runs under the petastorm interpreter: imports nothing from spark_dl, pyspark or pyarrow>=15.
+
+def petastorm_epoch(url, batch_size, shuffle, buffer_rows, workers):
+    import torch
+    from petastorm import make_batch_reader
+    from petastorm.pytorch import BatchedDataLoader
+
+    rows = 0
+    t0 = time.perf_counter()
+    with make_batch_reader(url, num_epochs=1, shuffle_row_groups=shuffle, seed=0,
+                           reader_pool_type="thread", workers_count=workers) as reader:
+        loader = BatchedDataLoader(reader, batch_size=batch_size,
+                                   shuffling_queue_capacity=buffer_rows if shuffle else 0)
+        for batch in loader:
+            assert isinstance(batch["features"], torch.Tensor)
+            rows += batch["features"].shape[0]
+    return rows, time.perf_counter() - t0
+
+
+def petastorm_main(args):
+    import petastorm
+
+    out = {"petastorm_version": petastorm.__version__}
+    for mode, shuffle in (("no_shuffle", False), ("shuffle", True)):
+        petastorm_epoch(args.url, args.batch_size, shuffle, args.buffer_rows, args.threads)
+        rows, secs = petastorm_epoch(args.url, args.batch_size, shuffle, args.buffer_rows,
+                                     args.threads)
+        out[mode] = {"rows": rows, "seconds": secs, "rows_per_s": rows / secs}
+    print("PETASTORM_RESULT " + json.dumps(out), flush=True)
+
+
+# ----------------------------------------------------------------------------- spark_dl side
+
+def make_spark(cores):
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if ROOT not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + paths)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(f"local[{cores}]").appName("spark_dl-bench-data")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(cores))
+             .config("spark.driver.memory", "4g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def prepare(args, store):
+    from pyspark.sql import functions as F
+
+    from spark_dl.spark.common.cache import TrainingDataCache
+    from spark_dl.spark.common.util import prepare_data
+
+    spark = make_spark(args.cores)
+    df = spark.range(0, args.rows, numPartitions=args.cores * 2).select(
+        F.array(*[F.rand(seed=i).cast("float") for i in range(args.dim)]).alias("features"),
+        F.rand(seed=10_000).alias("label"))
+    t0 = time.perf_counter()
+    idx = prepare_data(args.cores, store, df, ["label"], ["features"], cache=TrainingDataCache(),
+                       verbose=1)
+    secs = time.perf_counter() - t0
+    spark.stop()
+    return idx, {"rows": args.rows, "seconds": secs, "rows_per_s": args.rows / secs}
+
+
+def ours_epoch(source, args, shuffle, epoch):
+    from spark_dl.spark.common.data_loader import ArrowDataLoader
+
+    loader = ArrowDataLoader(source, batch_size=args.batch_size, shuffle=shuffle, seed=0,
+                             shuffle_buffer_size=args.buffer_rows, num_threads=args.threads,
+                             to_torch=True)
+    loader.set_epoch(epoch)
+    rows = 0
+    t0 = time.perf_counter()
+    for batch in loader:
+        rows += batch["features"].shape[0]
+    return rows, time.perf_counter() - t0
+
+
+def run_petastorm(args, url):
+    python = args.petastorm_python
+    if not os.path.exists(python):
+        if not args.setup_petastorm:
+            return {"skipped": f"no petastorm interpreter at {python}; rerun with "
+                               "--setup-petastorm or --petastorm-python PATH"}
+        setup_petastorm_venv(os.path.dirname(os.path.dirname(python)))
+    cmd = [python, os.path.abspath(__file__), "--petastorm-worker", "--url", url,
+           "--batch-size", str(args.batch_size), "--buffer-rows", str(args.buffer_rows),
+           "--threads", str(args.threads)]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    for line in proc.stdout.splitlines():
+        if line.startswith("PETASTORM_RESULT "):
+            return json.loads(line[len("PETASTORM_RESULT "):])
+    return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-2000:]}"}
+
+
+def setup_petastorm_venv(venv):
+    """pyarrow 10 / numpy<2 / torch (pinned) / petastorm 0.13.1 in their own environment.
+    petastorm is installed without dependencies because it declares setuptools<70, which
+    torch 2.13 (setuptools>=77) excludes; it imports and runs without that pin."""
+    pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q"]
+    constraints = ["-c", os.path.join(ROOT, "constraints.txt")]
+    subprocess.run([_base_python(), "-m", "venv", venv], check=True)
+    subprocess.run(pip + ["pyarrow==10.0.1", "numpy<2", "pandas<2.2", "torch"] + constraints,
+                   check=True)
+    subprocess.run(pip + ["--no-deps", "petastorm==0.13.1"], check=True)
+    subprocess.run(pip + ["dill", "diskcache", "future", "packaging", "psutil", "pyzmq", "six",
+                          "fsspec"], check=True)
+
+
+def _base_python():
+    """The interpreter this venv was made from (a venv cannot be nested in another)."""
+    return os.path.join(sys.base_prefix, "bin", f"python{sys.version_info[0]}."
+                                                f"{sys.version_info[1]}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--buffer-rows", type=int, default=16384,
+                   help="shuffle buffer rows, the same for both loaders")
+    p.add_argument("--threads", type=int, default=2, help="reader threads for both loaders")
+    p.add_argument("--cores", type=int, default=2, help="Spark local[N] for prepare_data")
+    p.add_argument("--workdir", default=os.path.join(ROOT, "build", "bench_dataloader"))
+    p.add_argument("--petastorm-python", default=os.path.join(DEFAULT_PST_VENV, "bin", "python"))
+    p.add_argument("--setup-petastorm", action="store_true")
+    p.add_argument("--skip-petastorm", action="store_true")
+    p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--petastorm-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--url", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.petastorm_worker:
+        return petastorm_main(args)
+
+    import shutil
+
+    from spark_dl.spark.common.data_loader_base import DataSource
+    from spark_dl.spark.common.store import Store
+
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    store = Store.create(args.workdir)
+    idx, prep = prepare(args, store)
+    source = DataSource.from_store(store, idx)
+    results = {"rows": args.rows, "dim": args.dim, "batch_size": args.batch_size,
+               "buffer_rows": args.buffer_rows, "threads": args.threads,
+               "files": len(source.files), "row_groups": sum(map(len, source.row_groups)),
+               "prepare_data": prep, "spark_dl": {}}
+    for mode, shuffle in (("no_shuffle", False), ("shuffle", True)):
+        ours_epoch(source, args, shuffle, 0)  # warm-up (page cache, lazy imports)
+        rows, secs = ours_epoch(source, args, shuffle, 1)
+        assert rows == args.rows, (rows, args.rows)
+        results["spark_dl"][mode] = {"rows": rows, "seconds": secs, "rows_per_s": rows / secs}
+    if not args.skip_petastorm:
+        results["petastorm"] = run_petastorm(args, source.dataset_url)
+
+    print(f"\n{args.rows} rows x {args.dim} float32 + 1 float64 label, batch {args.batch_size}, "
+          f"{results['files']} files / {results['row_groups']} row groups, "
+          f"{args.threads} reader threads")
+    print(f"prepare_data: {prep['rows_per_s']:,.0f} rows/s ({prep['seconds']:.1f} s)")
+    pst = results.get("petastorm", {})
+    for mode in ("no_shuffle", "shuffle"):
+        ours = results["spark_dl"][mode]["rows_per_s"]
+        line = f"{mode:>10}: spark_dl {ours:>12,.0f} rows/s"
+        if mode in pst:
+            theirs = pst[mode]["rows_per_s"]
+            line += f" | petastorm {theirs:>10,.0f} rows/s | {ours / theirs:.1f}x"
+        print(line)
+    if "skipped" in pst or "error" in pst:
+        print("petastorm:", pst.get("skipped") or pst.get("error"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,706 @@
+"""The Arrow-native data loader: Parquet row groups -> NumPy (or torch) batches on one rank.
+
+Pipeline of one epoch (threads in brackets)::
+
+    [reader x num_threads]  Parquet slice -> decoded pieces (dict of NumPy arrays)
+            | ordered hand-off, admission bounded by the prefetch budget
+    [assembler]             shuffle buffer -> batches of the planned sizes
+            | queue of finished batches (in groups of ~1 MiB)
+    [caller]                for batch in loader: ...
+
+What each rank reads is fixed by :func:`~spark_dl.spark.common.sharding.assign_rows` (rows,
+not whole row groups, so every sample is seen exactly once per epoch across ranks), and the
+batch sizes by :func:`~spark_dl.spark.common.sharding.batch_sizes` (equal step counts on all
+ranks by default). Both are computed identically on every rank from the row-group sizes.
+
+Shuffling (``shuffle=True``) is seeded and reproducible: the global row-group order depends on
+``seed``; each epoch a rank reads its slices in an order drawn from ``(seed, epoch, rank)``
+and mixes rows through a shuffle buffer of up to ``shuffle_buffer_size`` rows: each batch is a
+random subset of the full buffer, and the next rows of the stream take the freed slots.
+Readers run in parallel but hand pieces over in plan order, and the shuffle draws depend only
+on row counts, so the batches depend neither on thread timing nor on the memory plan.
+
+Memory: ``memory_limit_bytes`` bounds what the loader holds: prefetched pieces, the shuffle
+buffer, queued batches, the batch being handed out, and the Parquet readers' working memory.
+The loader derives the number of reader threads, the buffer size, the piece size (rows decoded
+at once, which may be smaller than a row group) and the prefetch budget from it; pieces are
+admitted into the prefetch stage only while they fit. The reader working memory and the
+decoding peak are estimates (measured with pyarrow 26), so the bound holds to within about a
+quarter, and a limit far below the size of a few row groups raises at construction. The
+optional in-memory cache (``cache_in_memory=True``) keeps this rank's decoded data after the
+first epoch and is not counted in the limit: use it for data that fits.
+"""
+
+import queue
+import threading
+import weakref
+from typing import Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from spark_dl.spark.common import constants
+from spark_dl.spark.common.data_loader_base import BaseDataLoader, DataSource
+from spark_dl.spark.common.metadata import ColumnSpec
+from spark_dl.spark.common.sharding import RowSlice, assign_rows, batch_sizes
+
+_POLL_S = 0.1
+# Buffered reads of column chunks: without it a whole column chunk is read into memory at once.
+_READ_BUFFER = 1 << 20
+# Working memory of one reader thread besides the rows it decodes: the read buffer, compressed
+# and decompressed pages, level buffers (measured 4-6 MiB with pyarrow 26 and 1 MiB pages; less
+# for row groups smaller than that).
+_READER_OVERHEAD = 6 << 20
+# Peak Arrow memory while decoding a piece, as a multiple of its decoded size (record batch
+# builders plus the finished arrays).
+_DECODE_FACTOR = 3
+
+
+class _Closed(Exception):
+    """Raised inside pipeline threads when the epoch is being torn down."""
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+_END = object()
+
+
+def _nbytes(piece: Dict[str, np.ndarray]) -> int:
+    return sum(a.nbytes for a in piece.values())
+
+
+def _rows(piece: Dict[str, np.ndarray]) -> int:
+    return len(next(iter(piece.values())))
+
+
+class _PrefetchBudget:
+    """Byte budget for decoded pieces waiting for the assembler, admitted in plan order.
+
+    Slices are numbered in the order the assembler consumes them. A reader may reserve bytes
+    for its slice only when all earlier slices have reserved everything they need ("turn"),
+    and only while the reservation fits (or nothing is reserved). Because the assembler
+    consumes in the same order and releases a piece as soon as it takes it, the slice it
+    waits for can always make progress: no deadlock, and at most one piece beyond the limit
+    (the head-of-line slice, if a piece turns out larger than estimated).
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self.turn = 0
+        self.head = 0
+        self.closed = False
+        self.cv = threading.Condition()
+
+    def acquire(self, turn: int, nbytes: int, last: bool) -> None:
+        with self.cv:
+            while not self.closed:
+                if turn == self.head or (turn <= self.turn and
+                                         (self.used == 0 or self.used + nbytes <= self.limit)):
+                    break
+                self.cv.wait(_POLL_S)
+            if self.closed:
+                raise _Closed()
+            self.used += nbytes
+            self.peak = max(self.peak, self.used)
+            if last and turn >= self.turn:
+                self.turn = turn + 1
+                self.cv.notify_all()
+
+    def end_turn(self, turn: int) -> None:
+        with self.cv:
+            if turn >= self.turn:
+                self.turn = turn + 1
+                self.cv.notify_all()
+
+    def adjust(self, delta: int) -> None:
+        with self.cv:
+            self.used += delta
+            self.peak = max(self.peak, self.used)
+            self.cv.notify_all()
+
+    def set_head(self, head: int) -> None:
+        with self.cv:
+            self.head = head
+            self.cv.notify_all()
+
+    def close(self) -> None:
+        with self.cv:
+            self.closed = True
+            self.cv.notify_all()
+
+
+class ArrowDataLoader(BaseDataLoader):
+    """Reads Parquet with ``pyarrow.parquet`` and yields batches for one rank.
+
+    Args:
+        source: the :class:`DataSource` to read (``DataSource.from_store(store, idx)`` for a
+            prepared dataset, ``DataSource.from_path(dir)`` for plain Parquet).
+        batch_size: rows per batch (the last batches of an epoch may be smaller).
+        rank, size: this rank and the number of ranks (from the training framework).
+        columns: columns to yield; default all.
+        shuffle: seeded shuffling of row-group order and rows (see module doc).
+        seed: shuffle seed; must be the same on all ranks.
+        to_torch: yield ``torch.Tensor`` (CPU, zero-copy from the NumPy batch).
+        shuffle_buffer_size: rows in the shuffle buffer (0: only row-group order is shuffled).
+            Capped by what ``memory_limit_bytes`` allows.
+        num_threads: background reader threads (Parquet decoding releases the GIL).
+        prefetch_batches: finished batches kept ready ahead of the caller (at least; small
+            batches travel in groups of about 1 MiB).
+        memory_limit_bytes: bound on the memory the loader holds, within about a quarter
+            (see module doc).
+        cache_in_memory: keep this rank's decoded rows after the first epoch.
+        equal_steps: every rank yields the same number of batches per epoch (raises at
+            construction when impossible without dropping or repeating rows).
+        read_chunk_rows: rows decoded at once (default: derived from the memory limit).
+            Output does not depend on it.
+
+    Attributes:
+        total_rows: rows across all ranks; num_rows: rows of this rank;
+        specs: ColumnSpec per yielded column; plan: the derived memory plan.
+    """
+
+    def __init__(self, source: DataSource, *, batch_size: int, rank: int = 0, size: int = 1,
+                 columns: Optional[Sequence[str]] = None, shuffle: bool = True, seed: int = 0,
+                 to_torch: bool = False, shuffle_buffer_size: int = 65536, num_threads: int = 2,
+                 prefetch_batches: int = 2, memory_limit_bytes: int = 256 << 20,
+                 cache_in_memory: bool = False, equal_steps: bool = True,
+                 read_chunk_rows: Optional[int] = None):
+        super().__init__(source, batch_size=batch_size, rank=rank, size=size, columns=columns,
+                         shuffle=shuffle, seed=seed, to_torch=to_torch)
+        if num_threads < 1 or prefetch_batches < 1 or shuffle_buffer_size < 0:
+            raise ValueError("need num_threads >= 1, prefetch_batches >= 1, "
+                             "shuffle_buffer_size >= 0")
+        if not source.files:
+            raise ValueError("the data source has no files")
+        self._fs = source.filesystem or pafs.LocalFileSystem()
+        self._num_threads = int(num_threads)
+        self._read_chunk_rows = read_chunk_rows
+        self._prefetch_batches = int(prefetch_batches)
+        self._shape_lock = threading.Lock()
+
+        footer0 = None
+        if source.row_groups is not None:
+            row_groups = source.row_groups
+        else:
+            footers = [pq.read_metadata(f, filesystem=self._fs) for f in source.files]
+            row_groups = [[md.row_group(g).num_rows for g in range(md.num_row_groups)]
+                          for md in footers]
+            footer0 = footers[0]
+        self.specs = self._resolve_specs()
+        self._parquet_columns = list(self.specs)
+        groups = [(f, g, n) for f, counts in enumerate(row_groups) for g, n in enumerate(counts)]
+        self.total_rows = sum(g[2] for g in groups)
+        if self.total_rows == 0:
+            raise ValueError(f"the data source ({len(source.files)} files) has no rows")
+        self._slices: List[RowSlice] = assign_rows(groups, size, shuffle=shuffle, seed=seed)[rank]
+        self.num_rows = sum(s.num_rows for s in self._slices)
+        self._sizes = batch_sizes(self.num_rows, self.batch_size, total_rows=self.total_rows,
+                                  size=size, equal_steps=equal_steps)
+        self._row_bytes = self._estimate_row_bytes(footer0)
+        group_bytes = max(g[2] for g in groups) * self._row_bytes
+        self._read_buffer = int(min(_READ_BUFFER, max(64 << 10, group_bytes)))
+        self._reader_overhead = int(min(_READER_OVERHEAD, 2 * group_bytes + self._read_buffer))
+        self.plan = self._memory_plan(int(memory_limit_bytes), int(shuffle_buffer_size))
+        self._cache: Optional[Dict[int, List[Dict[str, np.ndarray]]]] = \
+            {} if cache_in_memory else None
+        self._runs = weakref.WeakSet()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _resolve_specs(self) -> Dict[str, ColumnSpec]:
+        known = self.source.columns
+        if known is None:
+            schema = pq.read_schema(self.source.files[0], filesystem=self._fs)
+            known = {}
+            for field in schema:
+                spec = _spec_from_arrow(field)
+                if spec is not None:
+                    known[field.name] = spec
+            names = self.columns if self.columns is not None else schema.names
+            for name in names:
+                if name not in schema.names:
+                    raise KeyError(f"column {name!r} is not in the Parquet files "
+                                   f"(columns: {schema.names})")
+                if name not in known:
+                    raise TypeError(
+                        f"column {name!r} has Parquet type {schema.field(name).type} that the "
+                        "Arrow loader cannot decode without dataset metadata; supported: "
+                        "numeric/bool scalars and lists of numbers of one length (pass "
+                        "columns=[...] to leave it out)")
+        names = self.columns if self.columns is not None else list(known)
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise KeyError(f"columns {missing} are not in the dataset (columns: {list(known)})")
+        if not names:
+            raise ValueError("no columns to read")
+        return {n: known[n] for n in names}
+
+    def _estimate_row_bytes(self, footer0) -> int:
+        exact = [s.row_bytes for s in self.specs.values()]
+        if all(b is not None for b in exact):
+            return max(1, sum(exact))
+        md = footer0 or pq.read_metadata(self.source.files[0], filesystem=self._fs)
+        wanted = set(self.specs)
+        size = rows = 0
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            rows += rg.num_rows
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                if col.path_in_schema.split(".")[0] in wanted:
+                    size += col.total_uncompressed_size
+        return max(1, size // max(rows, 1))
+
+    def _memory_plan(self, limit: int, shuffle_buffer_size: int) -> Dict[str, int]:
+        rb = self._row_bytes
+        batch_bytes = self.batch_size * rb
+        # Batches travel to the caller in groups of about 1 MiB: one queue hand-off per batch
+        # would cost more than building small batches.
+        group = int(max(1, min(64, (1 << 20) // batch_bytes)))
+        queued = -(-self._prefetch_batches // group)
+        # Batches: queued groups + the group being assembled + the group being handed out.
+        fixed = (queued + 2) * group * batch_bytes
+        # Reader threads cost working memory of their own: use fewer when the limit is tight
+        # (at most a third of what is left goes to reader overhead).
+        overhead = self._reader_overhead
+        threads = int(min(self._num_threads, max(1, (limit - fixed) // (3 * overhead))))
+        remaining = limit - fixed - threads * overhead
+        min_prefetch = 2 * _DECODE_FACTOR * rb * min(self.batch_size, 256)
+        if remaining < min_prefetch:
+            raise ValueError(
+                f"memory_limit_bytes={limit} is too small for batches of {self.batch_size} rows "
+                f"of ~{rb} bytes and a reader thread: need at least "
+                f"{fixed + overhead + min_prefetch}; raise the limit or lower "
+                "batch_size/prefetch_batches")
+        pool_rows = 0
+        if self.shuffle and shuffle_buffer_size > 0:
+            # At most half of what is left goes to the shuffle buffer.
+            pool_rows = int(max(self.batch_size, min(shuffle_buffer_size, remaining // 2 // rb)))
+        prefetch = remaining - pool_rows * rb
+        max_group = max(s.num_rows for s in self._slices) if self._slices else 1
+        piece_rows = int(max(1, min(prefetch // ((threads + 1) * _DECODE_FACTOR * rb),
+                                    max_group)))
+        if self._read_chunk_rows:
+            piece_rows = int(self._read_chunk_rows)
+        return {"memory_limit_bytes": limit, "row_bytes": rb, "batch_bytes": batch_bytes,
+                "threads": threads, "pool_rows": pool_rows, "prefetch_bytes": int(prefetch),
+                "group_batches": group, "queued_groups": queued,
+                "piece_rows": piece_rows}
+
+    # ------------------------------------------------------------------ contract
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    @property
+    def batch_sizes(self) -> List[int]:
+        """Sizes of the batches of one epoch on this rank."""
+        return list(self._sizes)
+
+    def _iterate(self, epoch: int) -> Iterator[Dict[str, object]]:
+        run = _EpochRun(self, epoch)
+        self._runs.add(run)
+        try:
+            for batch in run:
+                yield self._torch_batch(batch) if self.to_torch else batch
+        finally:
+            run.close()
+
+    def close(self) -> None:
+        for run in list(self._runs):
+            run.close()
+        self._cache = None
+        super().close()
+
+    # ------------------------------------------------------------------ decoding
+
+    def _read_slice(self, sl: RowSlice, budget: _PrefetchBudget, turn: int,
+                    stop: threading.Event) -> Iterator[Dict[str, np.ndarray]]:
+        """Decoded pieces of ``sl``; reserves budget before each piece is decoded."""
+        path = self.source.files[sl.file_index]
+        piece_rows = self.plan["piece_rows"]
+        rb = self._row_bytes
+        pf = pq.ParquetFile(path, filesystem=self._fs, pre_buffer=False,
+                            buffer_size=self._read_buffer)
+        batches = pf.iter_batches(batch_size=piece_rows, row_groups=[sl.row_group],
+                                  columns=self._parquet_columns, use_threads=False)
+        pos = 0  # row of the row group at which the next record batch starts
+        try:
+            while pos < sl.stop and not stop.is_set():
+                # Pieces start at multiples of piece_rows in the row group; those before
+                # sl.start are read and dropped (only the two boundary slices of a rank).
+                end = min(pos + piece_rows, sl.stop)
+                # Reserve the decoding peak; settle to the decoded size once it is known.
+                est = _DECODE_FACTOR * min(piece_rows, end - pos) * rb
+                budget.acquire(turn, est, last=end >= sl.stop)
+                try:
+                    record_batch = next(batches)
+                except StopIteration:
+                    budget.adjust(-est)
+                    raise RuntimeError(f"{path} row group {sl.row_group} ended at row {pos}, "
+                                       f"before {sl.stop}: the file changed while reading")
+                n = record_batch.num_rows
+                a, b = max(sl.start, pos), min(sl.stop, pos + n)
+                pos += n
+                if b <= a:
+                    budget.adjust(-est)
+                    continue
+                piece = self._decode(record_batch.slice(a - (pos - n), b - a), path)
+                actual = _nbytes(piece)
+                budget.adjust(actual - est)
+                yield piece, actual
+        finally:
+            batches.close()
+            pf.close()
+
+    def _decode(self, rb: pa.RecordBatch, path: str) -> Dict[str, np.ndarray]:
+        out = {}
+        n = rb.num_rows
+        for name, spec in self.specs.items():
+            arr = rb.column(name)
+            if arr.null_count:
+                raise ValueError(f"column {name!r} has null values in {path}; fill or drop them "
+                                 "before training (prepare_data rejects them)")
+            if spec.sparse:
+                out[name] = _densify(arr, spec, n, name)
+            elif spec.kind == constants.KIND_SCALAR:
+                out[name] = _as_dtype(arr.to_numpy(zero_copy_only=False), spec.dtype)
+            else:
+                out[name] = self._list_to_numpy(arr, spec, n, name, path)
+        return out
+
+    def _list_to_numpy(self, arr, spec: ColumnSpec, n: int, name: str, path: str):
+        if pa.types.is_fixed_size_list(arr.type):
+            length = arr.type.list_size
+        else:
+            lengths = np.diff(np.asarray(arr.offsets))
+            length = int(lengths[0]) if n else 0
+            if n and (lengths != length).any():
+                raise ValueError(
+                    f"column {name!r} holds arrays of different lengths ({lengths.min()} to "
+                    f"{lengths.max()}) in {path}; every row must have the same length")
+        flat = arr.flatten()
+        if flat.null_count:
+            raise ValueError(f"column {name!r} has null array elements in {path}")
+        values = _as_dtype(flat.to_numpy(zero_copy_only=False), spec.dtype)
+        shape = spec.shape
+        if shape is None:
+            with self._shape_lock:
+                shape = self.specs[name].shape
+                if shape is None:  # first piece decides; later pieces must agree
+                    shape = (length,)
+                    self.specs[name] = ColumnSpec(name, spec.kind, spec.dtype, shape)
+        if int(np.prod(shape)) != length:
+            raise ValueError(f"column {name!r} has arrays of length {length} in {path}, "
+                             f"expected {int(np.prod(shape))} (shape {tuple(shape)})")
+        return values.reshape((n,) + tuple(shape))
+
+
+def _as_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
+    return values if values.dtype == np.dtype(dtype) else values.astype(dtype)
+
+
+def _densify(arr, spec: ColumnSpec, n: int, name: str) -> np.ndarray:
+    """Struct<indices: list<int32>, values: list<T>> -> dense (n, size) array, vectorised."""
+    children = arr.flatten()  # respects the struct's slice offset, unlike .field()
+    ind = children[arr.type.get_field_index(constants.SPARSE_INDICES_FIELD)]
+    val = children[arr.type.get_field_index(constants.SPARSE_VALUES_FIELD)]
+    size = int(np.prod(spec.shape))
+    lengths = np.diff(np.asarray(ind.offsets))
+    idx = ind.flatten().to_numpy(zero_copy_only=False)
+    vals = val.flatten().to_numpy(zero_copy_only=False)
+    if len(idx) != len(vals):
+        raise ValueError(f"sparse column {name!r} has indices and values of different lengths")
+    if len(idx) and (idx.min() < 0 or idx.max() >= size):
+        raise ValueError(f"sparse column {name!r} has an index outside [0, {size})")
+    dense = np.zeros((n, size), dtype=spec.dtype)
+    dense[np.repeat(np.arange(n), lengths), idx] = vals
+    return dense.reshape((n,) + tuple(spec.shape))
+
+
+def _spec_from_arrow(field: pa.Field) -> Optional[ColumnSpec]:
+    t = field.type
+    if _is_number(t):
+        return ColumnSpec(field.name, constants.KIND_SCALAR, _numpy_dtype(t), ())
+    if (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) \
+            and _is_number(t.value_type):
+        shape = (t.list_size,) if pa.types.is_fixed_size_list(t) else None
+        return ColumnSpec(field.name, constants.KIND_ARRAY, _numpy_dtype(t.value_type), shape)
+    return None
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+
+
+def _numpy_dtype(t: pa.DataType) -> str:
+    return np.dtype(t.to_pandas_dtype()).name
+
+
+class _EpochRun:
+    """The threads and queues of one epoch of one loader."""
+
+    def __init__(self, loader: ArrowDataLoader, epoch: int):
+        self.loader = loader
+        self.rng = np.random.default_rng([loader.seed, epoch, loader.rank, 1])
+        n = len(loader._slices)
+        self.order = self.rng.permutation(n) if loader.shuffle else np.arange(n)
+        cache = loader._cache
+        self.cached = dict(cache) if cache is not None else {}
+        # Positions (in self.order) that must be read from files, in consumption order.
+        self.to_read = [k for k in range(n) if int(self.order[k]) not in self.cached]
+        self.read_turn = {k: t for t, k in enumerate(self.to_read)}
+        self.results = [queue.Queue() for _ in self.to_read]
+        self.budget = _PrefetchBudget(loader.plan["prefetch_bytes"])
+        self.stop = threading.Event()
+        self.out: "queue.Queue" = queue.Queue(maxsize=loader.plan["queued_groups"])
+        self._claim = 0
+        self._claim_lock = threading.Lock()
+        self._closed = False
+        self.threads = [threading.Thread(target=self._reader, daemon=True,
+                                         name=f"spark_dl-reader-{i}")
+                        for i in range(min(loader.plan["threads"], len(self.to_read)))]
+        self.threads.append(threading.Thread(target=self._assembler, daemon=True,
+                                             name="spark_dl-assembler"))
+        for t in self.threads:
+            t.start()
+
+    # -- readers
+
+    def _reader(self) -> None:
+        while not self.stop.is_set():
+            with self._claim_lock:
+                turn = self._claim
+                self._claim += 1
+            if turn >= len(self.to_read):
+                return
+            sl = self.loader._slices[int(self.order[self.to_read[turn]])]
+            results = self.results[turn]
+            try:
+                for item in self.loader._read_slice(sl, self.budget, turn, self.stop):
+                    results.put(item)
+                results.put(_END)
+            except _Closed:
+                return
+            except BaseException as e:  # handed to the caller's thread
+                results.put(_Failure(e))
+                return
+            finally:
+                self.budget.end_turn(turn)
+
+    def _pieces(self) -> Iterator[Dict[str, np.ndarray]]:
+        cache = self.loader._cache
+        for k in range(len(self.order)):
+            slice_id = int(self.order[k])
+            if slice_id in self.cached:
+                yield from self.cached[slice_id]
+                continue
+            turn = self.read_turn[k]
+            self.budget.set_head(turn)
+            kept = [] if cache is not None else None
+            while True:
+                try:
+                    item = self.results[turn].get(timeout=_POLL_S)
+                except queue.Empty:
+                    if self.stop.is_set():
+                        raise _Closed()
+                    continue
+                if item is _END:
+                    break
+                if isinstance(item, _Failure):
+                    raise item.exc
+                piece, nbytes = item
+                self.budget.adjust(-nbytes)
+                if kept is not None:
+                    kept.append(piece)
+                yield piece
+            if kept is not None and self.loader._cache is not None:
+                self.loader._cache[slice_id] = kept
+
+    # -- assembler
+
+    def _assembler(self) -> None:
+        try:
+            pieces = self._pieces()
+            sizes = self.loader._sizes
+            if self.loader.plan["pool_rows"] > 0:
+                batches = _pool_shuffle(pieces, sizes, self.loader.plan["pool_rows"], self.rng)
+            else:
+                batches = _cut(pieces, sizes)
+            group, per_group = [], self.loader.plan["group_batches"]
+            for batch in batches:
+                group.append(batch)
+                if len(group) == per_group:
+                    self._put(group)
+                    group = []
+            if group:
+                self._put(group)
+            self._put(_END)
+        except _Closed:
+            pass
+        except BaseException as e:
+            try:
+                self._put(_Failure(e))
+            except _Closed:
+                pass
+
+    def _put(self, item) -> None:
+        while True:
+            if self.stop.is_set():
+                raise _Closed()
+            try:
+                self.out.put(item, timeout=_POLL_S)
+                return
+            except queue.Full:
+                continue
+
+    # -- caller side
+
+    def __iter__(self):
+        while True:
+            try:
+                item = self.out.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self.stop.is_set():
+                    return
+                continue
+            if item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield from item
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.stop.set()
+        self.budget.close()
+        for t in self.threads:
+            if t is not threading.current_thread():
+                t.join()
+
+
+def _take_rows(pending: List[Dict[str, np.ndarray]], k: int):
+    """First ``k`` rows of the pieces in ``pending`` as one fresh batch; returns the batch and
+    what is left of ``pending``."""
+    parts, got, i = [], 0, 0
+    while got < k:
+        n = _rows(pending[i])
+        parts.append((i, min(n, k - got)))
+        got += parts[-1][1]
+        i += 1
+    names = pending[0].keys()
+    batch = {name: np.concatenate([pending[j][name][:m] for j, m in parts]) for name in names}
+    last_i, last_m = parts[-1]
+    rest = pending[last_i + 1:]
+    if last_m < _rows(pending[last_i]):
+        rest.insert(0, {name: a[last_m:] for name, a in pending[last_i].items()})
+    return batch, rest
+
+
+def _check_done(si: int, sizes: List[int], leftover: int) -> None:
+    if si != len(sizes) or leftover:
+        raise RuntimeError(f"internal error: planned {len(sizes)} batches / {sum(sizes)} rows, "
+                           f"produced {si} batches with {leftover} rows left over")
+
+
+def _cut(pieces: Iterator[Dict[str, np.ndarray]], sizes: List[int]):
+    """Batches of the planned sizes, in order (no shuffle pool)."""
+    pending: List[Dict[str, np.ndarray]] = []
+    have = si = 0
+    for piece in pieces:
+        pending.append(piece)
+        have += _rows(piece)
+        while si < len(sizes) and have >= sizes[si]:
+            batch, pending = _take_rows(pending, sizes[si])
+            have -= sizes[si]
+            si += 1
+            yield batch
+    _check_done(si, sizes, have)
+
+
+class _RowStream:
+    """Rows of a piece iterator, taken ``k`` at a time regardless of piece boundaries."""
+
+    def __init__(self, pieces: Iterator[Dict[str, np.ndarray]]):
+        self._pieces = pieces
+        self._head: Optional[Dict[str, np.ndarray]] = None
+
+    def take(self, k: int) -> List[Dict[str, np.ndarray]]:
+        """Up to ``k`` next rows as a list of views; fewer only when the stream ends."""
+        parts, got = [], 0
+        while got < k:
+            if self._head is None:
+                self._head = next(self._pieces, None)
+                if self._head is None:
+                    break
+            n = _rows(self._head)
+            m = min(n, k - got)
+            if m == n:
+                parts.append(self._head)
+                self._head = None
+            else:
+                parts.append({name: a[:m] for name, a in self._head.items()})
+                self._head = {name: a[m:] for name, a in self._head.items()}
+            got += m
+        return parts
+
+
+def _pool_shuffle(pieces: Iterator[Dict[str, np.ndarray]], sizes: List[int], pool_rows: int,
+                  rng: np.random.Generator):
+    """Batches of the planned sizes drawn at random from a buffer of ``pool_rows`` rows.
+
+    Each batch is a random subset of the full buffer; the rows that follow in the stream
+    take the freed slots. Every row is copied twice (into the buffer, out into a batch), and
+    the random draws depend only on row counts, never on where pieces end, so the batches do
+    not depend on the memory plan or the number of threads. When the stream ends the rest of
+    the buffer is permuted and cut.
+    """
+    stream = _RowStream(pieces)
+    buf: Optional[Dict[str, np.ndarray]] = None
+    n = si = 0
+
+    def put(parts, slots):
+        nonlocal buf
+        at = 0
+        for part in parts:
+            k = _rows(part)
+            if buf is None:
+                buf = {name: np.empty((pool_rows,) + a.shape[1:], a.dtype)
+                       for name, a in part.items()}
+            for name, a in part.items():
+                buf[name][slots[at:at + k]] = a
+            at += k
+        return at
+
+    n = put(stream.take(pool_rows), np.arange(pool_rows))
+    valid = np.arange(n)  # slots holding rows not yet emitted
+    while n == pool_rows and si < len(sizes):
+        size = sizes[si]
+        idx = rng.choice(n, size, replace=False)
+        yield {name: a[idx] for name, a in buf.items()}
+        si += 1
+        filled = put(stream.take(size), idx)
+        if filled < size:  # the stream ended: the rest of this batch's slots stay empty
+            keep = np.ones(n, dtype=bool)
+            keep[idx[filled:]] = False
+            valid = np.flatnonzero(keep)
+            break
+    if len(valid) and si < len(sizes):
+        order = valid[rng.permutation(len(valid))]
+        pos = 0
+        while si < len(sizes) and pos < len(order):
+            idx = order[pos:pos + sizes[si]]
+            pos += sizes[si]
+            si += 1
+            yield {name: a[idx] for name, a in buf.items()}
+        valid = valid[:len(valid) - pos]
+    _check_done(si, sizes, len(valid))

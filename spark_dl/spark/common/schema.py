@@ -1,0 +1,211 @@
+"""What ``prepare_data`` accepts, and the checks it runs before writing anything.
+
+Supported column types (feature, label and sample-weight columns):
+
+================================  ========  ============================================
+Spark type                        kind      stored as
+================================  ========  ============================================
+boolean, byte, short, int, long,  scalar    the same Parquet type
+float, double
+array<number or boolean>          array     list of the element type, one length per column
+Spark ML DenseVector/SparseVector vector    list<double> (``vector_dtype``) via Spark's own
+                                            ``vector_to_array``; with ``compress_sparse``, a
+                                            column of only SparseVectors is stored as
+                                            struct<indices: list<int32>, values: list<T>>
+================================  ========  ============================================
+
+Everything else is rejected with the column name and a fix. All checks on the data run as one
+Spark SQL aggregation (plus one vectorised Arrow pass over vector columns when
+``compress_sparse`` is asked for), before any file is written.
+"""
+
+import dataclasses
+from typing import Dict, List, Optional
+
+from spark_dl.spark.common import constants
+
+_SCALAR_DTYPES = {
+    "boolean": "bool", "tinyint": "int8", "smallint": "int16", "int": "int32",
+    "bigint": "int64", "float": "float32", "double": "float64",
+}
+
+_FIXES = {
+    "string": "encode it as numbers first (e.g. pyspark.ml.feature.StringIndexer, "
+              "then OneHotEncoder if needed)",
+    "binary": "decode it into a numeric array column first",
+    "date": "cast it to a number first (e.g. F.unix_date(col) or col.cast('long'))",
+    "timestamp": "cast it to a number first (e.g. F.unix_timestamp(col))",
+    "decimal": "cast it to double first (col.cast('double'))",
+    "map": "turn it into numeric columns or a vector first (e.g. VectorAssembler)",
+    "struct": "select its numeric fields as separate columns, or assemble them with "
+              "VectorAssembler",
+    "array": "flatten it to one level first (pyspark.sql.functions.flatten) and reshape it in "
+             "the model",
+    "void": "cast it to a numeric type",
+}
+
+
+@dataclasses.dataclass
+class ColumnInfo:
+    """A checked column: its kind, element dtype and (after the data pass) shape."""
+
+    name: str
+    kind: str
+    dtype: str
+    spark_type: str
+    shape: Optional[List[int]] = None
+    sparse: bool = False
+    nnz: Optional[int] = None  # total stored non-zeros of a sparse column
+
+
+def _col(name: str):
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _type_name(dt) -> str:
+    return dt.simpleString()
+
+
+def classify(name: str, dt, vector_dtype: str) -> ColumnInfo:
+    """ColumnInfo for Spark type ``dt`` of column ``name``; TypeError naming a fix otherwise."""
+    from pyspark.sql import types as T
+
+    try:
+        from pyspark.ml.linalg import VectorUDT
+    except ImportError:  # pragma: no cover - pyspark always ships ml
+        VectorUDT = ()
+    simple = _type_name(dt)
+    if isinstance(dt, VectorUDT):
+        return ColumnInfo(name, constants.KIND_VECTOR, vector_dtype, "vector")
+    if type(dt).__name__ == "VectorUDT":  # pyspark.mllib's old vector type
+        raise TypeError(f"column {name!r} holds pyspark.mllib vectors; convert them to "
+                        "pyspark.ml vectors first (MLUtils.convertVectorColumnsToML)")
+    if simple in _SCALAR_DTYPES:
+        return ColumnInfo(name, constants.KIND_SCALAR, _SCALAR_DTYPES[simple], simple)
+    if isinstance(dt, T.ArrayType):
+        elem = _type_name(dt.elementType)
+        if elem in _SCALAR_DTYPES:
+            return ColumnInfo(name, constants.KIND_ARRAY, _SCALAR_DTYPES[elem], simple)
+        key = "array" if isinstance(dt.elementType, T.ArrayType) else \
+            elem.split("(")[0].split("<")[0]
+        raise TypeError(f"column {name!r} has unsupported type {simple}: arrays must hold "
+                        f"numbers or booleans; {_FIXES.get(key, 'convert it to numbers first')}")
+    key = simple.split("(")[0].split("<")[0]
+    raise TypeError(f"column {name!r} has unsupported type {simple}; "
+                    f"{_FIXES.get(key, 'convert it to numbers, arrays of numbers or vectors')}")
+
+
+def stats_exprs(infos: Dict[str, ColumnInfo], compress_sparse: bool):
+    """Aggregate expressions for the checks, with the alias of each result."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    exprs = [F.count(F.lit(1)).alias("n")]
+    for i, (name, info) in enumerate(infos.items()):
+        c = _col(name)
+        exprs.append(F.sum(F.when(c.isNull(), 1).otherwise(0)).alias(f"nulls_{i}"))
+        if info.kind == constants.KIND_ARRAY:
+            size = F.when(c.isNotNull(), F.size(c))
+            exprs += [F.min(size).alias(f"min_{i}"), F.max(size).alias(f"max_{i}"),
+                      F.sum(F.when(F.exists(c, lambda x: x.isNull()), 1).otherwise(0))
+                      .alias(f"elemnulls_{i}")]
+        elif info.kind == constants.KIND_VECTOR and not compress_sparse:
+            size = F.when(c.isNotNull(), F.size(vector_to_array(c)))
+            exprs += [F.min(size).alias(f"min_{i}"), F.max(size).alias(f"max_{i}")]
+    return exprs
+
+
+def check_stats(row, infos: Dict[str, ColumnInfo], compress_sparse: bool) -> int:
+    """Raise ValueError for nulls or differing lengths; set shapes. Returns the row count."""
+    n = row["n"]
+    if n == 0:
+        raise ValueError("the DataFrame is empty: there is nothing to train on (check the "
+                         "filters that produced it)")
+    for i, (name, info) in enumerate(infos.items()):
+        nulls = row[f"nulls_{i}"]
+        if nulls:
+            raise ValueError(f"column {name!r} has {nulls} null values out of {n} rows; drop "
+                             f"them (df.dropna(subset=[{name!r}])) or fill them "
+                             f"(df.fillna(...)) first")
+        if info.kind == constants.KIND_SCALAR:
+            info.shape = []
+        elif info.kind == constants.KIND_ARRAY or not compress_sparse:
+            lo, hi = row[f"min_{i}"], row[f"max_{i}"]
+            what = "arrays" if info.kind == constants.KIND_ARRAY else "vectors"
+            if lo != hi:
+                raise ValueError(f"column {name!r} holds {what} of different lengths ({lo} to "
+                                 f"{hi}); every row must have the same length: pad or truncate "
+                                 f"them first (e.g. F.slice / F.concat with zeros)")
+            if info.kind == constants.KIND_ARRAY and row[f"elemnulls_{i}"]:
+                raise ValueError(f"column {name!r} has {row[f'elemnulls_{i}']} arrays with null "
+                                 "elements; replace them first (e.g. F.transform(col, lambda x: "
+                                 "F.coalesce(x, F.lit(0))))")
+            info.shape = [int(lo)]
+    return int(n)
+
+
+def vector_stats_fn(names: List[str]):
+    """An Arrow batch function returning, per partition and vector column: rows, dense rows,
+    min/max size and stored non-zeros. Spark hands ML vectors to Arrow as
+    struct<type: int8, size: int32, indices: list<int32>, values: list<double>> (type 0 =
+    sparse, 1 = dense)."""
+    return _VectorStats(list(names))
+
+
+VECTOR_STATS_SCHEMA = ("col string, rows long, dense_rows long, min_size long, max_size long, "
+                       "nnz long")
+
+
+class _VectorStats:
+    def __init__(self, names):
+        self.names = names
+
+    def __call__(self, batches):
+        import numpy as np
+        import pyarrow as pa
+
+        acc = {n: [0, 0, None, None, 0] for n in self.names}
+        for rb in batches:
+            for name in self.names:
+                arr = rb.column(name)
+                if arr.null_count:  # nulls are reported by the SQL pass
+                    arr = arr.filter(arr.is_valid())
+                kind = np.asarray(arr.field("type"))
+                values = arr.field("values")
+                lengths = np.diff(np.asarray(values.offsets))
+                sizes = np.where(kind == 1, lengths,
+                                 np.asarray(arr.field("size").fill_null(0)))
+                a = acc[name]
+                a[0] += len(kind)
+                a[1] += int((kind == 1).sum())
+                if len(sizes):
+                    a[2] = int(sizes.min()) if a[2] is None else min(a[2], int(sizes.min()))
+                    a[3] = int(sizes.max()) if a[3] is None else max(a[3], int(sizes.max()))
+                a[4] += int(lengths.sum())
+        cols = list(zip(*[[n] + acc[n] for n in self.names]))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(cols[0], pa.string())] + [pa.array(c, pa.int64()) for c in cols[1:]],
+            names=["col", "rows", "dense_rows", "min_size", "max_size", "nnz"])
+
+
+def check_vector_stats(rows, infos: Dict[str, ColumnInfo]) -> None:
+    """Fold per-partition vector stats into ``infos``; sparse-only columns become sparse."""
+    total: Dict[str, list] = {}
+    for r in rows:
+        t = total.setdefault(r["col"], [0, 0, None, None, 0])
+        t[0] += r["rows"]
+        t[1] += r["dense_rows"]
+        for k, (f, v) in enumerate([(min, r["min_size"]), (max, r["max_size"])], start=2):
+            if v is not None and r["rows"]:
+                t[k] = v if t[k] is None else f(t[k], v)
+        t[4] += r["nnz"]
+    for name, (n, dense, lo, hi, nnz) in total.items():
+        if lo != hi:
+            raise ValueError(f"column {name!r} holds vectors of different sizes ({lo} to {hi}); "
+                             "every row must have the same size")
+        info = infos[name]
+        info.shape = [int(lo)]
+        info.sparse = dense == 0
+        info.nnz = int(nnz) if info.sparse else None

@@ -1,0 +1,320 @@
+"""``prepare_data``: a Spark DataFrame -> train/validation Parquet and metadata in a Store.
+
+Steps, in order (nothing is written before step 4):
+
+1. check the arguments and the DataFrame's schema (missing columns, unsupported types);
+2. look the request up in the training-data cache (:mod:`.cache`); a hit returns at once;
+3. check the data with one Spark SQL aggregation (empty DataFrame, nulls, arrays or vectors of
+   differing lengths, validation column) and that the store is writable;
+4. write: one ``mapInArrow`` job converts the columns with Spark's own functions
+   (``vector_to_array`` for vectors), splits train/validation rows, and writes one Parquet file
+   per partition and split with row groups sized for streaming;
+5. write the metadata document (:mod:`.metadata`) last, atomically: a dataset without it is
+   incomplete and is never read.
+"""
+
+import json
+import time
+from typing import List, Optional, Sequence, Tuple, Union
+
+from spark_dl.spark.common import constants
+from spark_dl.spark.common.cache import TrainingDataCache, cache_key, delete_dataset
+from spark_dl.spark.common.metadata import load_metadata
+from spark_dl.spark.common.parquet_writer import (SPLIT_COLUMN, SUMMARY_SCHEMA, PartitionWriter,
+                                                  sparse_dtypes)
+from spark_dl.spark.common.schema import (VECTOR_STATS_SCHEMA, _col, check_stats,
+                                          check_vector_stats, classify, stats_exprs,
+                                          vector_stats_fn)
+from spark_dl.spark.common.store import Store
+
+#: The cache prepare_data uses unless given another (one per driver process).
+training_cache = TrainingDataCache()
+
+
+def clear_training_cache(delete: bool = True) -> None:
+    """Forget every dataset prepared in this process, deleting its files when ``delete``."""
+    training_cache.clear(delete=delete)
+
+
+def _as_list(cols, what: str) -> List[str]:
+    if cols is None:
+        return []
+    if isinstance(cols, str):
+        cols = [cols]
+    cols = list(cols)
+    if not all(isinstance(c, str) for c in cols):
+        raise TypeError(f"{what} must be column names (str), got {cols!r}")
+    return cols
+
+
+def _log(verbose: int, msg: str) -> None:
+    if verbose:
+        print(f"[spark_dl.prepare_data] {msg}", flush=True)
+
+
+def prepare_data(num_processes: int, store: Store, df,
+                 label_columns: Union[str, Sequence[str]] = ("label",),
+                 feature_columns: Union[str, Sequence[str]] = ("features",),
+                 validation: Union[None, float, str] = None,
+                 sample_weight_col: Optional[str] = None,
+                 partitions_per_process: int = 10, compress_sparse: bool = False,
+                 verbose: int = 0, *, vector_dtype: str = "float64",
+                 row_group_size_mb: float = 8.0, seed: int = 0,
+                 cache: Optional[TrainingDataCache] = None) -> str:
+    """Write ``df``'s feature, label and weight columns to ``store`` for training.
+
+    Args:
+        num_processes: training processes that will read the data; with
+            ``partitions_per_process`` it caps the number of Parquet files per split
+            (``num_processes * partitions_per_process``; a DataFrame with more partitions is
+            coalesced, one with fewer is written as it is, without a shuffle). The loader
+            assigns rows, not files, so any count of files serves any count of ranks.
+        store: where to write (:class:`~spark_dl.spark.common.store.Store`); it must be
+            visible to the Spark executors (not ``memory://``).
+        df: the Spark DataFrame.
+        label_columns, feature_columns: column names (a str is one column). Labels may be
+            empty; features may not.
+        validation: None (all rows train); a fraction in (0, 1) of rows drawn at random (with
+            ``seed``) for validation; or the name of a boolean/numeric column whose true/
+            non-zero rows are validation rows.
+        sample_weight_col: optional numeric column of per-row weights.
+        partitions_per_process: see ``num_processes``.
+        compress_sparse: store vector columns that hold only SparseVectors as (indices,
+            values) instead of dense arrays; the loader densifies them per batch.
+        verbose: print progress when > 0.
+        vector_dtype: ``"float64"`` (exact) or ``"float32"`` for Spark ML vector columns.
+        row_group_size_mb: target decoded size of a Parquet row group; smaller groups shard
+            and shuffle more finely, larger ones read faster.
+        seed: seed of the random validation split.
+        cache: the :class:`~spark_dl.spark.common.cache.TrainingDataCache` to use (default:
+            this module's ``training_cache``).
+
+    Returns:
+        The dataset index: pass it to ``store.get_train_data_path(idx)``,
+        :func:`get_dataset_metadata` or ``DataSource.from_store(store, idx)``.
+
+    Raises:
+        KeyError: a named column is not in ``df``.
+        TypeError: a column has an unsupported type (the message names the fix).
+        ValueError: bad arguments, an empty DataFrame, nulls, arrays or vectors of differing
+            lengths, a validation split that leaves either side empty.
+        PermissionError: the store cannot be written.
+    """
+    t0 = time.time()
+    cache = training_cache if cache is None else cache
+    labels = _as_list(label_columns, "label_columns")
+    features = _as_list(feature_columns, "feature_columns")
+    _check_args(num_processes, store, labels, features, validation, sample_weight_col,
+                partitions_per_process, vector_dtype, row_group_size_mb)
+    columns = features + labels + ([sample_weight_col] if sample_weight_col else [])
+    val_col = validation if isinstance(validation, str) else None
+    fraction = float(validation) if validation is not None and val_col is None else None
+
+    # 1. schema
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    for name in columns + ([val_col] if val_col else []):
+        if name not in fields:
+            raise KeyError(f"column {name!r} is not in the DataFrame (columns: "
+                           f"{list(fields)}); fix the name or add the column")
+    infos = {name: classify(name, fields[name], vector_dtype) for name in columns}
+    if sample_weight_col and infos[sample_weight_col].kind != constants.KIND_SCALAR:
+        raise TypeError(f"sample_weight_col {sample_weight_col!r} must be a numeric column, "
+                        f"not {infos[sample_weight_col].spark_type}")
+    if val_col:
+        vinfo = classify(val_col, fields[val_col], vector_dtype)
+        if vinfo.kind != constants.KIND_SCALAR:
+            raise TypeError(f"validation column {val_col!r} must be boolean or numeric "
+                            f"(true/non-zero = validation row), not {vinfo.spark_type}")
+
+    # 2. cache
+    params = {"labels": labels, "features": features, "validation": validation,
+              "sample_weight_col": sample_weight_col, "compress_sparse": compress_sparse,
+              "vector_dtype": vector_dtype, "row_group_size_mb": row_group_size_mb,
+              "seed": seed, "format": constants.METADATA_FORMAT_VERSION}
+    key = cache_key(df, store, params)
+    idx = cache.get(key)
+    if idx is not None:
+        _log(verbose, f"reusing prepared dataset {idx} (same plan and parameters)")
+        return idx
+    idx = key[:16]
+
+    # 3. data checks, then the store
+    from pyspark.sql import functions as F
+
+    exprs = stats_exprs(infos, compress_sparse)
+    if val_col:
+        vc = _col(val_col)
+        exprs += [F.sum(F.when(vc.isNull(), 1).otherwise(0)).alias("val_nulls"),
+                  F.sum(F.when(vc.cast("boolean"), 1).otherwise(0)).alias("val_rows")]
+    stats = df.select(*exprs).collect()[0]
+    total = check_stats(stats, infos, compress_sparse)
+    if val_col:
+        if stats["val_nulls"]:
+            raise ValueError(f"validation column {val_col!r} has {stats['val_nulls']} nulls; "
+                             "fill them with False/0 first")
+        if stats["val_rows"] in (0, total):
+            side = "no" if stats["val_rows"] == 0 else "every"
+            raise ValueError(f"validation column {val_col!r} marks {side} row as validation; "
+                             "it must leave rows on both sides")
+    vector_cols = [n for n, i in infos.items() if i.kind == constants.KIND_VECTOR]
+    if compress_sparse and vector_cols:
+        rows = df.select(*[_col(n) for n in vector_cols]).mapInArrow(
+            vector_stats_fn(vector_cols), VECTOR_STATS_SCHEMA).collect()
+        check_vector_stats(rows, infos)
+    if not store.capabilities.shared_across_processes:
+        raise ValueError(f"store {store.prefix_path!r} lives in this process only, so Spark "
+                         "executors cannot write to it; use a local directory or a shared "
+                         "filesystem URL")
+    store.check_writable()
+    _log(verbose, f"checked {total} rows in {time.time() - t0:.1f}s")
+
+    # 4. write
+    row_bytes = sum(_stored_row_bytes(i, total) for i in infos.values())
+    rows_per_group = max(1, int(row_group_size_mb * (1 << 20) // max(row_bytes, 1)))
+    dirs = {"train": store.get_train_data_path(idx), "val": store.get_val_data_path(idx)}
+    delete_dataset(store, idx)  # leftovers of an interrupted earlier run
+    selected = _select(df, infos, vector_dtype, val_col, fraction, seed)
+    target = max(1, int(num_processes * partitions_per_process))
+    if selected.rdd.getNumPartitions() > target:
+        selected = selected.coalesce(target)
+    writer = PartitionWriter(store, dirs, rows_per_group, sparse_dtypes(infos.values()),
+                             split=validation is not None)
+    t1 = time.time()
+    summaries = selected.mapInArrow(writer, SUMMARY_SCHEMA).collect()
+    _log(verbose, f"wrote {len(summaries)} files in {time.time() - t1:.1f}s")
+
+    # 5. metadata
+    splits = {}
+    for split in ("train", "val"):
+        files = sorted((r for r in summaries if r["split"] == split), key=lambda r: r["name"])
+        splits[split] = {
+            "path": dirs[split], "rows": sum(r["rows"] for r in files),
+            "file_bytes": sum(r["file_bytes"] for r in files),
+            "files": [{"name": r["name"], "rows": r["rows"], "row_groups": list(r["row_groups"]),
+                       "file_bytes": r["file_bytes"]} for r in files]}
+    written = splits["train"]["rows"] + splits["val"]["rows"]
+    problem = None
+    if written != total:
+        problem = f"wrote {written} rows but the DataFrame has {total}: is it non-deterministic?"
+    elif splits["train"]["rows"] == 0 or (validation is not None and splits["val"]["rows"] == 0):
+        problem = (f"validation fraction {fraction} left the "
+                   f"{'training' if splits['train']['rows'] == 0 else 'validation'} split empty "
+                   f"({total} rows); use a fraction nearer 0.5 or more rows")
+    if problem:
+        delete_dataset(store, idx)
+        raise ValueError(problem)
+    meta = {
+        "format_version": constants.METADATA_FORMAT_VERSION,
+        "dataset_idx": idx, "cache_key": key, "created": time.time(),
+        "label_columns": labels, "feature_columns": features,
+        "sample_weight_col": sample_weight_col, "validation": validation,
+        "columns": {n: _column_meta(i, total) for n, i in infos.items()},
+        "train": splits["train"], "val": splits["val"] if validation is not None else None,
+        "avg_row_size": sum(_decoded_row_bytes(i) for i in infos.values()),
+        "rows_per_row_group": rows_per_group,
+    }
+    store.write_text(store.get_data_metadata_path(idx), json.dumps(meta, indent=1))
+    cache.put(key, store, idx)
+    _log(verbose, f"prepared dataset {idx}: {splits['train']['rows']} train / "
+                  f"{splits['val']['rows']} val rows in {time.time() - t0:.1f}s")
+    return idx
+
+
+def _check_args(num_processes, store, labels, features, validation, sample_weight_col,
+                partitions_per_process, vector_dtype, row_group_size_mb) -> None:
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a positive int, got {num_processes!r}")
+    if not isinstance(store, Store):
+        raise TypeError(f"store must be a spark_dl Store (Store.create(path)), "
+                        f"not {type(store).__name__}")
+    if not features:
+        raise ValueError("feature_columns is empty: name at least one feature column")
+    cols = features + labels + ([sample_weight_col] if sample_weight_col else [])
+    dupes = sorted({c for c in cols if cols.count(c) > 1})
+    if dupes:
+        raise ValueError(f"columns {dupes} are listed more than once among features, labels "
+                         "and sample weight; list each column once")
+    if isinstance(validation, bool) or not (validation is None or
+                                            isinstance(validation, (int, float, str))):
+        raise TypeError(f"validation must be None, a fraction or a column name, "
+                        f"got {validation!r}")
+    if isinstance(validation, (int, float)) and not 0 < validation < 1:
+        raise ValueError(f"validation fraction must be in (0, 1), got {validation}; e.g. 0.1 "
+                         "for 10% validation rows")
+    if isinstance(validation, str) and validation in cols:
+        raise ValueError(f"validation column {validation!r} is also a feature/label/weight "
+                         "column; use a separate column")
+    if not isinstance(partitions_per_process, int) or partitions_per_process < 1:
+        raise ValueError(f"partitions_per_process must be a positive int, "
+                         f"got {partitions_per_process!r}")
+    if vector_dtype not in ("float32", "float64"):
+        raise ValueError(f"vector_dtype must be 'float32' or 'float64', got {vector_dtype!r}")
+    if not row_group_size_mb > 0:
+        raise ValueError(f"row_group_size_mb must be > 0, got {row_group_size_mb!r}")
+
+
+def _select(df, infos, vector_dtype, val_col, fraction, seed):
+    """The columns to write, converted by Spark, plus the validation flag when splitting."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    cols = []
+    for name, info in infos.items():
+        c = _col(name)
+        if info.kind == constants.KIND_VECTOR and not info.sparse:
+            c = vector_to_array(c, dtype=vector_dtype)
+        cols.append(c.alias(name))
+    if val_col:
+        cols.append(F.coalesce(_col(val_col).cast("boolean"), F.lit(False)).alias(SPLIT_COLUMN))
+    elif fraction is not None:
+        cols.append((F.rand(seed) < F.lit(fraction)).alias(SPLIT_COLUMN))
+    return df.select(*cols)
+
+
+def _decoded_row_bytes(info) -> int:
+    import numpy as np
+
+    n = 1
+    for d in info.shape:
+        n *= d
+    return n * np.dtype(info.dtype).itemsize
+
+
+def _stored_row_bytes(info, total: int) -> float:
+    import numpy as np
+
+    if info.sparse:
+        return (info.nnz / max(total, 1)) * (4 + np.dtype(info.dtype).itemsize) + 8
+    return _decoded_row_bytes(info)
+
+
+def _column_meta(info, total: int) -> dict:
+    entry = {"kind": info.kind, "dtype": info.dtype, "shape": list(info.shape),
+             "sparse": info.sparse, "spark_type": info.spark_type, "rows": total,
+             "bytes": total * _decoded_row_bytes(info)}
+    if info.sparse:
+        entry["nnz"] = info.nnz
+    return entry
+
+
+def get_dataset_metadata(store, dataset_idx) -> dict:
+    """The metadata document of a prepared dataset (see :mod:`.metadata`)."""
+    return load_metadata(store, dataset_idx)
+
+
+def get_dataset_properties(store, dataset_idx) -> Tuple[int, int, dict, float]:
+    """Horovod-style ``(train_rows, val_rows, metadata, avg_row_size)`` of a dataset."""
+    meta = load_metadata(store, dataset_idx)
+    val = meta["val"]["rows"] if meta.get("val") else 0
+    return meta["train"]["rows"], val, meta, meta["avg_row_size"]
+
+
+def remove_dataset(store, dataset_idx, cache: Optional[TrainingDataCache] = None) -> None:
+    """Delete a prepared dataset from ``store`` and forget it in the cache."""
+    cache = training_cache if cache is None else cache
+    cache.forget_dataset(store, dataset_idx)
+    delete_dataset(store, dataset_idx)
+
+
+__all__ = ["prepare_data", "clear_training_cache", "get_dataset_metadata",
+           "get_dataset_properties", "remove_dataset", "training_cache"]
