@@ -350,3 +350,11 @@ def die_mid_collective(how):
     except Exception as e:  # noqa: BLE001
         later = type(e).__name__
     return {"error": err, "elapsed": elapsed, "later": later}
+
+
+def stalled_rank():
+    """The last rank submits its tensor late: rank 0 warns which rank is missing."""
+    sdl.init()
+    if sdl.rank() == sdl.size() - 1:
+        time.sleep(2.5)
+    return float(sdl.allreduce(np.array([1.0]), name="slow", op=sdl.Sum)[0])

@@ -106,3 +106,12 @@ def test_hung_rank_fails_peers_after_timeout_knob():
     r = payload["value"]
     assert r["error"].startswith("PeerFailureError") and "SDL_TIMEOUT" in r["error"], r
     assert 2.5 < r["elapsed"] < 15, r
+
+
+def test_stall_warning_names_missing_rank():
+    procs, outdir, server = spawn_ranks("core_workers:stalled_rank", 2,
+                                        env={"SDL_STALL_WARNING": "1"})
+    results = collect(procs, outdir, server, timeout=60)
+    assert all(payload["value"] == 2.0 for _, payload, _ in results)
+    out0 = results[0][2]
+    assert "tensor 'slow' has waited" in out0 and "not yet by rank(s) [1]" in out0, out0

@@ -1,5 +1,6 @@
 #include "core/coordinator.h"
 
+#include <chrono>
 #include <map>
 #include <sstream>
 
@@ -46,6 +47,10 @@ std::string Compare(const ProcessSet& ps, const PendingName& p, const Request& f
     }
   }
   return "";
+}
+
+double NowSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 std::string Tail(const std::vector<int64_t>& shape) {
@@ -151,6 +156,7 @@ void CoordinatorAdd(ProcessSet& ps, int member, std::vector<Request> reqs, bool 
       PendingName p;
       p.reqs.resize(ps.size());
       p.have.assign(ps.size(), false);
+      p.first_seen = NowSeconds();
       it = c.table.emplace(r.name, std::move(p)).first;
       c.order.push_back(r.name);
     }
@@ -163,7 +169,9 @@ void CoordinatorAdd(ProcessSet& ps, int member, std::vector<Request> reqs, bool 
   }
 }
 
-std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold) {
+std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold, double stall_s,
+                                       std::vector<std::string>* warnings) {
+  const double now = NowSeconds();
   Coordinator& c = ps.coord;
   if (c.joined.empty()) c.joined.assign(ps.size(), false);
   int joined = 0;
@@ -180,6 +188,16 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold)
     bool complete = true;
     for (int i = 0; i < ps.size(); ++i) complete &= p.have[i] || c.joined[i];
     if (!complete || p.count == 0) {
+      if (stall_s > 0 && !p.warned && now - p.first_seen > stall_s) {
+        p.warned = true;
+        std::vector<int> have, missing;
+        for (int i = 0; i < ps.size(); ++i) (p.have[i] ? have : missing).push_back(ps.ranks[i]);
+        warnings->push_back("tensor '" + name + "' has waited " +
+                            std::to_string(static_cast<int>(now - p.first_seen)) +
+                            " s: submitted by rank(s) " + RankList(have) +
+                            ", not yet by rank(s) " + RankList(missing) +
+                            " (a rank is stalled, or ranks call operations with different names)");
+      }
       still.push_back(name);
       continue;
     }

@@ -28,7 +28,10 @@ namespace sdl {
 void CoordinatorAdd(ProcessSet& ps, int member, std::vector<Request> reqs, bool joined);
 
 // Removes and returns every ready name as a validated response, fused.
-std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold);
+// Names that waited longer than stall_s for some members add a line to
+// *warnings naming who submitted them and who did not (once per name).
+std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold, double stall_s,
+                                       std::vector<std::string>* warnings);
 
 // Merges cached single-name responses of the same group into one response.
 std::vector<Response> MergeGroups(std::vector<Response> ready);

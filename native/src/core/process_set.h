@@ -33,6 +33,8 @@ struct PendingName {
   std::vector<Request> reqs;   // per member (valid where have[i])
   std::vector<bool> have;
   int count = 0;
+  double first_seen = 0;       // steady-clock seconds when the first request arrived
+  bool warned = false;         // stall warning already logged
 };
 
 struct Coordinator {

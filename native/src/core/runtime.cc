@@ -366,7 +366,17 @@ bool Runtime::Cycle(ProcessSet& ps, bool world) {
         std::vector<Request> reqs = DecodeRequests(all[q], &joined, &unused);
         CoordinatorAdd(ps, q, std::move(reqs), joined);
       }
-      out = EncodeResponses(CoordinatorReady(ps, cfg.fusion_threshold));
+      std::vector<std::string> warnings;
+      std::vector<Response> ready =
+          CoordinatorReady(ps, cfg.fusion_threshold, cfg.stall_warning_s, &warnings);
+      for (const std::string& w : warnings) Log(0, "warning: " + w);
+      if (cfg.verbose >= 2) {
+        for (const Response& r : ready)
+          Log(2, "process set " + std::to_string(ps.id) + ": run " + OpTypeName(r.op) + " of " +
+                     std::to_string(r.names.size()) + " tensor(s), first '" + r.names[0] + "'" +
+                     (r.error.empty() ? "" : " (error)"));
+      }
+      out = EncodeResponses(ready);
     }
     ps.comm->BroadcastBytes(&out, 0);
     for (const Response& r : DecodeResponses(out)) {
