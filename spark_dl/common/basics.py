@@ -29,6 +29,7 @@ _TOPOLOGY_VARS = {
 }
 _atexit_registered = False
 _homogeneous = True
+_controller = ""  # "gloo" or "mpi" once initialized
 
 
 class _StoreAdapter:
@@ -65,12 +66,46 @@ def _topology_from_env(environ):
     return topo
 
 
+def _use_mpi(comm, environ, controller):
+    mpi = bool(_core.build_info()["mpi"])
+    if comm is not None or controller == "mpi":
+        if not mpi:
+            raise InvalidArgumentError(
+                "MPI was requested (init(comm=...) or SDL_CONTROLLER=mpi) but this spark_dl build "
+                "has no MPI: install libopenmpi-dev and reinstall spark_dl, or use Gloo")
+        return True
+    if controller == "gloo":
+        return False
+    if controller != "auto":
+        raise InvalidArgumentError(f"SDL_CONTROLLER={controller!r}: expected auto, gloo or mpi")
+    under_mpirun = "OMPI_COMM_WORLD_SIZE" in environ or "PMI_SIZE" in environ
+    return mpi and under_mpirun and "SDL_RENDEZVOUS_ADDR" not in environ
+
+
+def _mpi_comm_args(comm):
+    """(address of an MPI_Comm, ranks) for init(comm=...)."""
+    if comm is None:
+        return 0, []
+    if isinstance(comm, (list, tuple)):
+        return 0, [int(r) for r in comm]
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise InvalidArgumentError("init(comm=...) takes an mpi4py communicator or a list of "
+                                   "ranks; mpi4py is not installed") from None
+    if not isinstance(comm, MPI.Comm):
+        raise InvalidArgumentError(f"init(comm=...) got {type(comm).__name__}; expected an "
+                                   "mpi4py communicator or a list of ranks")
+    return MPI._addressof(comm), []
+
+
 def init(comm=None, process_sets=None, **knobs):
     """Starts the runtime on this process (idempotent while initialized).
 
     Args:
-        comm: reserved for an mpi4py communicator or a list of ranks (MPI
-            builds); must be None in this build.
+        comm: run on an MPI communicator instead of the launcher's environment:
+            an mpi4py communicator (e.g. a split of ``COMM_WORLD``) or a list of
+            ``COMM_WORLD`` ranks. Needs an MPI build.
         process_sets: extra process sets to register now, as
             :class:`~spark_dl.common.process_sets.ProcessSet` objects or lists of
             ranks; every rank must pass the same list.
@@ -82,26 +117,29 @@ def init(comm=None, process_sets=None, **knobs):
         InvalidArgumentError: inconsistent environment or unknown knob.
         PeerFailureError: the other ranks could not be reached in time.
     """
-    global _atexit_registered, _homogeneous
-    if comm is not None:
-        raise InvalidArgumentError(
-            "init(comm=...) needs spark_dl's MPI support, which this build does not have; "
-            "launch with sdlrun (Gloo) and call init() without comm")
+    global _atexit_registered, _homogeneous, _controller
+    from spark_dl.common import knobs as knob_table
     from spark_dl.common import process_sets as ps_module
 
     environ = os.environ
-    topo = _topology_from_env(environ)
+    controller = str(knobs.get("controller", knob_table.value("controller"))).lower()
+    use_mpi = _use_mpi(comm, environ, controller)
     store = None
-    if topo["size"] > 1:
-        from spark_dl.runner.kvstore import client_from_env
+    if use_mpi:
+        topo = dict(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1)
+    else:
+        topo = _topology_from_env(environ)
+        if topo["size"] > 1:
+            from spark_dl.runner.kvstore import client_from_env
 
-        client = client_from_env(environ)
-        if client is None:
-            raise InvalidArgumentError(
-                f"SDL_SIZE={topo['size']} but no rendezvous server is set "
-                "(SDL_RENDEZVOUS_ADDR/SDL_RENDEZVOUS_PORT/SDL_SECRET_KEY): start the job "
-                "with sdlrun or spark_dl.spark.run")
-        store = _StoreAdapter(client)
+            client = client_from_env(environ)
+            if client is None:
+                raise InvalidArgumentError(
+                    f"SDL_SIZE={topo['size']} but no rendezvous server is set "
+                    "(SDL_RENDEZVOUS_ADDR/SDL_RENDEZVOUS_PORT/SDL_SECRET_KEY): start the job "
+                    "with sdlrun or spark_dl.spark.run, or under mpirun with an MPI build")
+            store = _StoreAdapter(client)
+    comm_addr, comm_ranks = _mpi_comm_args(comm) if use_mpi else (0, [])
     sets = []
     for s in process_sets or ():
         sets.append(list(s.ranks) if isinstance(s, ps_module.ProcessSet) else [int(r) for r in s])
@@ -109,15 +147,23 @@ def init(comm=None, process_sets=None, **knobs):
     try:
         started = _core.init(topo["rank"], topo["size"], topo["local_rank"], topo["local_size"],
                              topo["cross_rank"], topo["cross_size"], hostname, store, sets,
-                             {k: str(int(v) if isinstance(v, bool) else v) for k, v in knobs.items()})
+                             {k: str(int(v) if isinstance(v, bool) else v) for k, v in knobs.items()},
+                             use_mpi, comm_addr, comm_ranks)
     except _core.CoreError as e:
         raise_from_core(e)
     if started:
-        _homogeneous = topo["size"] % topo["local_size"] == 0
+        _controller = "mpi" if use_mpi else "gloo"
+        t = _core.topology()
+        _homogeneous = t["size"] % t["local_size"] == 0
         ps_module._on_init(process_sets or ())
     if not _atexit_registered:
-        atexit.register(shutdown)
+        atexit.register(_at_exit)
         _atexit_registered = True
+
+
+def _at_exit():
+    shutdown()
+    _core.mpi_finalize()
 
 
 def shutdown():
@@ -177,8 +223,8 @@ def is_homogeneous():
 
 
 def mpi_threads_supported():
-    """False: this build has no MPI (answers truthfully once MPI is built)."""
-    return False
+    """True when MPI runs with MPI_THREAD_MULTIPLE (known after init on MPI)."""
+    return bool(_core.mpi_threads_supported())
 
 
 def gloo_built():
@@ -186,15 +232,17 @@ def gloo_built():
 
 
 def gloo_enabled():
-    return gloo_built()
+    """True when the running job uses Gloo between processes (and before init, when built)."""
+    return _controller == "gloo" if _controller else gloo_built()
 
 
 def mpi_built():
-    return False
+    return bool(_core.build_info()["mpi"])
 
 
 def mpi_enabled():
-    return False
+    """True when the running job (or the next init, by its configuration) uses MPI."""
+    return _controller == "mpi"
 
 
 def nccl_built():

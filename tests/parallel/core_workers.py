@@ -358,3 +358,19 @@ def stalled_rank():
     if sdl.rank() == sdl.size() - 1:
         time.sleep(2.5)
     return float(sdl.allreduce(np.array([1.0]), name="slow", op=sdl.Sum)[0])
+
+
+def mpi4py_split():
+    """Each half of COMM_WORLD runs its own spark_dl next to the user's mpi4py code."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    color = world.Get_rank() % 2
+    half = world.Split(color=color, key=world.Get_rank())
+    sdl.init(comm=half)
+    out = {"color": color, "size": sdl.size(), "rank": sdl.rank(),
+           "sum": float(sdl.allreduce(np.array([1.0 + world.Get_rank()]), op=sdl.Sum)[0]),
+           "user_sum": world.allreduce(1),  # the application's own MPI traffic still works
+           "threads": sdl.mpi_threads_supported(), "mpi_enabled": sdl.mpi_enabled()}
+    sdl.shutdown()
+    return out

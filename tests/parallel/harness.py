@@ -88,8 +88,45 @@ def collect(procs, outdir, server, timeout, wait_for=None):
     return results
 
 
-def run_ranks(target, np_, env=None, timeout=120, args=()):
-    """Runs target on np_ ranks; returns each rank's return value, raising on any failure."""
+# Open MPI refuses to run as root without these; they belong to the test harness only.
+MPI_TEST_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def run_ranks_mpi(target, np_, env=None, timeout=120, args=()):
+    """Like run_ranks, but the ranks are started by mpirun and meet through MPI."""
+    outdir = tempfile.mkdtemp(prefix="sdl-mpi-ranks-")
+    e = dict(os.environ)
+    for k in [k for k in e if k.startswith("SDL_RENDEZVOUS") or k in ("SDL_RANK", "SDL_SIZE")]:
+        del e[k]
+    e.update(MPI_TEST_ENV)
+    e["PYTHONPATH"] = os.pathsep.join([REPO, HERE, e.get("PYTHONPATH", "")])
+    e.update(env or {})
+    cmd = ["mpirun", "-np", str(np_), sys.executable, os.path.join(HERE, "rank_main.py"), target,
+           outdir] + list(args)
+    p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=timeout, start_new_session=True)
+    output = p.stdout.decode(errors="replace")
+    values = []
+    for r in range(np_):
+        path = os.path.join(outdir, f"rank.{r}")
+        if not os.path.exists(path):
+            raise RankFailed(f"rank {r} wrote no result (mpirun exit {p.returncode}):\n{output}")
+        with open(path, "rb") as f:
+            payload = pickle.load(f)
+        if not payload["ok"]:
+            raise RankFailed(f"rank {r} failed:\n{payload['traceback']}\noutput:\n{output}")
+        values.append(payload["value"])
+    return values
+
+
+def run_ranks(target, np_, env=None, timeout=120, args=(), launcher="store"):
+    """Runs target on np_ ranks; returns each rank's return value, raising on any failure.
+
+    launcher: "store" (ranks meet through a KV store, Gloo/shm) or "mpi" (mpirun).
+    """
+    if launcher == "mpi":
+        return run_ranks_mpi(target, np_, env, timeout, args)
     procs, outdir, server = spawn_ranks(target, np_, env, args)
     values = []
     for r, (code, payload, output) in enumerate(collect(procs, outdir, server, timeout)):

@@ -8,12 +8,12 @@ import traceback
 
 
 def main():
-    if os.environ.get("SDL_DBG_FH"):
+    if os.environ.get("SDL_TEST_FAULTHANDLER"):  # debugging aid: dump stacks of a hung rank
         import faulthandler
         faulthandler.dump_traceback_later(10)
     target, outdir = sys.argv[1], sys.argv[2]
     module, func = target.split(":")
-    rank = os.environ["SDL_RANK"]
+    rank = os.environ.get("SDL_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]
     try:
         value = getattr(importlib.import_module(module), func)(*sys.argv[3:])
         payload = {"ok": True, "value": value}

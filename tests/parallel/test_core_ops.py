@@ -6,7 +6,11 @@ import pytest
 from core_cases import cases
 from harness import run_ranks
 
-TRANSPORTS = {"shm": {"SDL_SHM": "1"}, "gloo": {"SDL_SHM": "0"}}
+from spark_dl import _core
+
+TRANSPORTS = {"shm": {"SDL_SHM": "1"}, "gloo": {"SDL_SHM": "0", "SDL_CONTROLLER": "gloo"}}
+if _core.build_info()["mpi"]:
+    TRANSPORTS["mpi"] = {"SDL_SHM": "0", "SDL_CONTROLLER": "mpi"}
 _results = {}
 
 
@@ -15,7 +19,7 @@ def _matrix(np_, transport):
     if key not in _results:
         try:
             _results[key] = run_ranks("core_workers:op_matrix", np_, env=TRANSPORTS[transport],
-                                      timeout=240)
+                                      timeout=240, launcher="mpi" if transport == "mpi" else "store")
         except Exception as e:  # noqa: BLE001 - every case of this launch reports it
             _results[key] = e
     res = _results[key]

@@ -13,6 +13,9 @@
 #include <gloo/rendezvous/store.h>
 
 #include "comm/gloo_comm.h"
+#ifdef SDL_HAVE_MPI
+#include "comm/mpi_comm.h"
+#endif
 #include "comm/shm_comm.h"
 #include "common/reduce.h"
 #include "core/coordinator.h"
@@ -50,28 +53,12 @@ std::string StoreGet(gloo::rendezvous::Store& store, const std::string& key, dou
 }  // namespace
 
 Runtime::Runtime(RuntimeOptions opts) : opts_(std::move(opts)), config_(opts_.config) {
-  const Topology& t = opts_.topo;
-  if (t.size < 1 || t.rank < 0 || t.rank >= t.size)
-    throw Error(ErrorCode::kInvalidArgument, "invalid rank " + std::to_string(t.rank) +
-                                                 " for size " + std::to_string(t.size));
-  host_of_rank_.assign(t.size, HostIdentity());
-  if (t.size > 1) {
-    if (!opts_.store)
-      throw Error(ErrorCode::kInvalidArgument,
-                  "size is " + std::to_string(t.size) +
-                      " but no rendezvous store was given: start workers with sdlrun or "
-                      "spark_dl.spark.run (they set SDL_RENDEZVOUS_ADDR/PORT and SDL_SECRET_KEY)");
-    auto& store = *opts_.store;
-    std::string prefix = "e" + std::to_string(opts_.epoch) + "/";
-    store.set(prefix + "host/" + std::to_string(t.rank), Bytes(host_of_rank_[t.rank]));
-    if (t.rank == 0) {
-      job_token_ = RandomToken();
-      store.set(prefix + "job", Bytes(job_token_));
-    }
-    for (int r = 0; r < t.size; ++r)
-      host_of_rank_[r] = StoreGet(store, prefix + "host/" + std::to_string(r), config_.start_timeout_s);
-    job_token_ = StoreGet(store, prefix + "job", config_.start_timeout_s);
+  if (opts_.use_mpi) {
+    InitMpi();
+  } else {
+    InitStore();
   }
+  const Topology& t = opts_.topo;
   std::vector<int32_t> all(t.size);
   for (int r = 0; r < t.size; ++r) all[r] = r;
   active_[0] = MakeProcessSet(0, all);
@@ -88,7 +75,101 @@ Runtime::Runtime(RuntimeOptions opts) : opts_(std::move(opts)), config_(opts_.co
   thread_ = std::thread([this] { Loop(); });
 }
 
-Runtime::~Runtime() { Shutdown(); }
+void Runtime::InitStore() {
+  const Topology& t = opts_.topo;
+  if (t.size < 1 || t.rank < 0 || t.rank >= t.size)
+    throw Error(ErrorCode::kInvalidArgument, "invalid rank " + std::to_string(t.rank) +
+                                                 " for size " + std::to_string(t.size));
+  host_of_rank_.assign(t.size, HostIdentity());
+  if (t.size == 1) return;
+  if (!opts_.store)
+    throw Error(ErrorCode::kInvalidArgument,
+                "size is " + std::to_string(t.size) +
+                    " but no rendezvous store was given: start workers with sdlrun or "
+                    "spark_dl.spark.run (they set SDL_RENDEZVOUS_ADDR/PORT and SDL_SECRET_KEY)");
+  auto& store = *opts_.store;
+  std::string prefix = "e" + std::to_string(opts_.epoch) + "/";
+  store.set(prefix + "host/" + std::to_string(t.rank), Bytes(host_of_rank_[t.rank]));
+  if (t.rank == 0) {
+    job_token_ = RandomToken();
+    store.set(prefix + "job", Bytes(job_token_));
+  }
+  for (int r = 0; r < t.size; ++r)
+    host_of_rank_[r] = StoreGet(store, prefix + "host/" + std::to_string(r), config_.start_timeout_s);
+  job_token_ = StoreGet(store, prefix + "job", config_.start_timeout_s);
+}
+
+void Runtime::InitMpi() {
+#ifdef SDL_HAVE_MPI
+  MpiInit();
+  MPI_Comm base = opts_.mpi_comm_addr ? *reinterpret_cast<MPI_Comm*>(opts_.mpi_comm_addr)
+                                      : MPI_COMM_WORLD;
+  auto* world = new MPI_Comm(MPI_COMM_NULL);
+  mpi_world_ = world;
+  if (!opts_.mpi_ranks.empty()) {
+    MPI_Group base_group, group;
+    MPI_Comm_group(base, &base_group);
+    MPI_Group_incl(base_group, static_cast<int>(opts_.mpi_ranks.size()), opts_.mpi_ranks.data(), &group);
+    int base_rank = 0;
+    MPI_Comm_rank(base, &base_rank);
+    bool member = std::find(opts_.mpi_ranks.begin(), opts_.mpi_ranks.end(), base_rank) !=
+                  opts_.mpi_ranks.end();
+    if (!member)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "MPI rank " + std::to_string(base_rank) + " is not in init(comm=" +
+                      ShapeString({opts_.mpi_ranks.begin(), opts_.mpi_ranks.end()}) +
+                      "); only the listed ranks may call init with it");
+    MPI_Comm_create_group(base, group, 7341, world);
+    MPI_Group_free(&group);
+    MPI_Group_free(&base_group);
+  } else {
+    MPI_Comm_dup(base, world);
+  }
+  Topology& t = opts_.topo;
+  MPI_Comm_rank(*world, &t.rank);
+  MPI_Comm_size(*world, &t.size);
+  MPI_Comm local, cross;
+  MPI_Comm_split_type(*world, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &t.local_rank);
+  MPI_Comm_size(local, &t.local_size);
+  MPI_Comm_split(*world, t.local_rank, t.rank, &cross);
+  MPI_Comm_rank(cross, &t.cross_rank);
+  MPI_Comm_size(cross, &t.cross_size);
+  MPI_Comm_free(&local);
+  MPI_Comm_free(&cross);
+  // Host identities and the job token travel over a throwaway duplicate.
+  MPI_Comm boot;
+  MPI_Comm_dup(*world, &boot);
+  std::vector<int> all(t.size);
+  for (int r = 0; r < t.size; ++r) all[r] = r;
+  MpiComm bootstrap(boot, all);
+  host_of_rank_ = bootstrap.AllgatherBytes(HostIdentity());
+  job_token_ = t.rank == 0 ? RandomToken() : "";
+  bootstrap.BroadcastBytes(&job_token_, 0);
+#else
+  throw Error(ErrorCode::kInvalidArgument,
+              "this spark_dl build has no MPI support (build it with libopenmpi-dev installed), "
+              "or use SDL_CONTROLLER=gloo");
+#endif
+}
+
+Runtime::~Runtime() {
+  Shutdown();
+#ifdef SDL_HAVE_MPI
+  {
+    std::lock_guard<std::mutex> lk(sets_mu_);
+    active_.clear();
+    staged_.clear();
+  }
+  if (mpi_world_) {
+    auto* world = static_cast<MPI_Comm*>(mpi_world_);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && *world != MPI_COMM_NULL) MPI_Comm_free(world);
+    delete world;
+  }
+#endif
+}
 
 void Runtime::Log(int level, const std::string& msg) {
   if (config_.verbose >= level)
@@ -139,6 +220,20 @@ std::unique_ptr<Comm> Runtime::MakeComm(int32_t id, const std::vector<int32_t>& 
     return std::make_unique<ShmComm>(name, my, n, global, config_.shm_buffer_bytes,
                                      config_.timeout_s, config_.start_timeout_s);
   }
+#ifdef SDL_HAVE_MPI
+  if (opts_.use_mpi) {
+    MPI_Comm world = *static_cast<MPI_Comm*>(mpi_world_);
+    MPI_Group world_group, group;
+    MPI_Comm_group(world, &world_group);
+    std::vector<int> members(ranks.begin(), ranks.end());
+    MPI_Group_incl(world_group, n, members.data(), &group);
+    MPI_Comm comm;
+    MPI_Comm_create_group(world, group, id, &comm);
+    MPI_Group_free(&group);
+    MPI_Group_free(&world_group);
+    return std::make_unique<MpiComm>(comm, global);
+  }
+#endif
   if (!gloo_device_) gloo_device_ = MakeGlooDevice(config_.gloo_iface, opts_.hostname);
   gloo::rendezvous::PrefixStore prefixed(
       "e" + std::to_string(opts_.epoch) + "/ps" + std::to_string(id), *opts_.store);

@@ -45,6 +45,10 @@ struct RuntimeOptions {
   int epoch = 0;         // distinguishes successive init()s of one job in the store
   std::vector<std::vector<int32_t>> process_sets;  // extra sets registered at init
   Config config;
+  // MPI (config.controller == "mpi"): the topology comes from MPI, not from topo.
+  bool use_mpi = false;
+  intptr_t mpi_comm_addr = 0;        // address of an MPI_Comm (mpi4py); 0: MPI_COMM_WORLD
+  std::vector<int32_t> mpi_ranks;    // init(comm=[ranks]): a subset of MPI_COMM_WORLD
 };
 
 // Counters that tests and benchmarks read to see what the core did.
@@ -96,6 +100,8 @@ class Runtime {
  private:
   std::shared_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
   std::unique_ptr<Comm> MakeComm(int32_t id, const std::vector<int32_t>& ranks, int my_rank);
+  void InitMpi();   // MPI world, topology, host identities and job token
+  void InitStore();  // the same through the rendezvous store
   std::shared_ptr<ProcessSet> FindSet(int32_t id);
   void CheckUsable();
   void Loop();
@@ -121,6 +127,7 @@ class Runtime {
   std::string job_token_;
   std::vector<std::string> host_of_rank_;
   std::shared_ptr<gloo::transport::Device> gloo_device_;
+  void* mpi_world_ = nullptr;  // MPI_Comm* (kept opaque so this header needs no mpi.h)
 
   std::mutex sets_mu_;
   std::map<int32_t, std::shared_ptr<ProcessSet>> active_;

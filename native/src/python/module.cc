@@ -17,6 +17,9 @@
 
 #include "common/config.h"
 #include "core/runtime.h"
+#ifdef SDL_HAVE_MPI
+#include "comm/mpi_comm.h"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -250,7 +253,8 @@ NB_MODULE(_core, m) {
       "init",
       [](int rank, int size, int local_rank, int local_size, int cross_rank, int cross_size,
          const std::string& hostname, nb::object store,
-         std::vector<std::vector<int32_t>> process_sets, std::map<std::string, std::string> knobs) {
+         std::vector<std::vector<int32_t>> process_sets, std::map<std::string, std::string> knobs,
+         bool use_mpi, intptr_t mpi_comm_addr, std::vector<int32_t> mpi_ranks) {
         std::lock_guard<std::mutex> lk(g_mu);
         if (g_runtime) return false;  // already initialized: init() is idempotent
         RuntimeOptions o;
@@ -261,12 +265,28 @@ NB_MODULE(_core, m) {
         o.process_sets = std::move(process_sets);
         o.config = Config::FromEnv();
         for (auto& [k, v] : knobs) o.config.Set(k, v);
+        o.use_mpi = use_mpi;
+        o.mpi_comm_addr = mpi_comm_addr;
+        o.mpi_ranks = std::move(mpi_ranks);
         g_runtime = std::make_unique<Runtime>(std::move(o));
         g_shut_down = false;
         return true;
       },
       "rank"_a, "size"_a, "local_rank"_a, "local_size"_a, "cross_rank"_a, "cross_size"_a,
-      "hostname"_a, "store"_a.none(), "process_sets"_a, "knobs"_a);
+      "hostname"_a, "store"_a.none(), "process_sets"_a, "knobs"_a, "use_mpi"_a = false,
+      "mpi_comm_addr"_a = 0, "mpi_ranks"_a = std::vector<int32_t>());
+  m.def("mpi_threads_supported", [] {
+#ifdef SDL_HAVE_MPI
+    return MpiThreadsSupported();
+#else
+    return false;
+#endif
+  });
+  m.def("mpi_finalize", [] {
+#ifdef SDL_HAVE_MPI
+    MpiFinalizeIfOwned();
+#endif
+  });
   m.def("shutdown", [] {
     std::unique_ptr<Runtime> rt;
     {
