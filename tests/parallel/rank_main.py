@@ -14,6 +14,9 @@ def main():
     target, outdir = sys.argv[1], sys.argv[2]
     module, func = target.split(":")
     rank = os.environ.get("SDL_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]
+    # Simulated hosts: SDL_TEST_HOSTS="a,a,b" gives rank i the host identity hosts[i].
+    if os.environ.get("SDL_TEST_HOSTS"):
+        os.environ["SDL_HOST_ID"] = os.environ["SDL_TEST_HOSTS"].split(",")[int(rank)]
     try:
         value = getattr(importlib.import_module(module), func)(*sys.argv[3:])
         payload = {"ok": True, "value": value}

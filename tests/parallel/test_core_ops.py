@@ -9,8 +9,27 @@ from harness import run_ranks
 from spark_dl import _core
 
 TRANSPORTS = {"shm": {"SDL_SHM": "1"}, "gloo": {"SDL_SHM": "0", "SDL_CONTROLLER": "gloo"}}
+# Two simulated hosts (the last rank alone on the second): shared memory within
+# a host, Gloo/MPI between leaders (hierarchical); with 2 ranks plain Gloo/MPI.
+TRANSPORTS["hier"] = {"SDL_SHM": "1", "SDL_CONTROLLER": "gloo"}
 if _core.build_info()["mpi"]:
     TRANSPORTS["mpi"] = {"SDL_SHM": "0", "SDL_CONTROLLER": "mpi"}
+    TRANSPORTS["hier_mpi"] = {"SDL_SHM": "1", "SDL_CONTROLLER": "mpi"}
+EXPECTED_KIND = {"shm": "shm", "gloo": "gloo", "mpi": "mpi", "hier": "hierarchical",
+                 "hier_mpi": "hierarchical"}
+
+
+def _env(transport, np_):
+    env = dict(TRANSPORTS[transport])
+    if transport.startswith("hier"):
+        env["SDL_TEST_HOSTS"] = ",".join(["a"] * (np_ - 1) + ["b"])
+    return env
+
+
+def _expected_kind(transport, np_):
+    if transport.startswith("hier") and np_ == 2:
+        return "mpi" if transport == "hier_mpi" else "gloo"
+    return EXPECTED_KIND[transport]
 _results = {}
 
 
@@ -18,8 +37,9 @@ def _matrix(np_, transport):
     key = (np_, transport)
     if key not in _results:
         try:
-            _results[key] = run_ranks("core_workers:op_matrix", np_, env=TRANSPORTS[transport],
-                                      timeout=240, launcher="mpi" if transport == "mpi" else "store")
+            _results[key] = run_ranks("core_workers:op_matrix", np_, env=_env(transport, np_),
+                                      timeout=240,
+                                      launcher="mpi" if "mpi" in transport else "store")
         except Exception as e:  # noqa: BLE001 - every case of this launch reports it
             _results[key] = e
     res = _results[key]
@@ -33,6 +53,7 @@ def _matrix(np_, transport):
 @pytest.mark.parametrize("case", cases())
 def test_op(case, np_, transport):
     per_rank = _matrix(np_, transport)
-    assert all(r["__transport__"] == transport for r in per_rank)
+    kinds = {r["__transport__"] for r in per_rank}
+    assert kinds == {_expected_kind(transport, np_)}, kinds
     errors = {rank: r[case] for rank, r in enumerate(per_rank) if r[case] is not None}
     assert not errors, f"{case} on {np_} ranks over {transport}: {errors}"

@@ -13,6 +13,7 @@
 #include <gloo/rendezvous/store.h>
 
 #include "comm/gloo_comm.h"
+#include "comm/hierarchical_comm.h"
 #ifdef SDL_HAVE_MPI
 #include "comm/mpi_comm.h"
 #endif
@@ -26,7 +27,8 @@ namespace {
 
 constexpr uint64_t kNeedFull = 1, kShutdownFlag = 2, kCoordPending = 4, kJoinedFlag = 8;
 
-std::string HostIdentity() {
+std::string HostIdentity(const std::string& override_id) {
+  if (!override_id.empty()) return override_id;
   char buf[256] = {0};
   gethostname(buf, sizeof buf - 1);
   std::string boot;
@@ -80,7 +82,7 @@ void Runtime::InitStore() {
   if (t.size < 1 || t.rank < 0 || t.rank >= t.size)
     throw Error(ErrorCode::kInvalidArgument, "invalid rank " + std::to_string(t.rank) +
                                                  " for size " + std::to_string(t.size));
-  host_of_rank_.assign(t.size, HostIdentity());
+  host_of_rank_.assign(t.size, HostIdentity(config_.host_id));
   if (t.size == 1) return;
   if (!opts_.store)
     throw Error(ErrorCode::kInvalidArgument,
@@ -143,7 +145,7 @@ void Runtime::InitMpi() {
   std::vector<int> all(t.size);
   for (int r = 0; r < t.size; ++r) all[r] = r;
   MpiComm bootstrap(boot, all);
-  host_of_rank_ = bootstrap.AllgatherBytes(HostIdentity());
+  host_of_rank_ = bootstrap.AllgatherBytes(HostIdentity(config_.host_id));
   job_token_ = t.rank == 0 ? RandomToken() : "";
   bootstrap.BroadcastBytes(&job_token_, 0);
 #else
@@ -212,31 +214,67 @@ std::shared_ptr<ProcessSet> Runtime::MakeProcessSet(int32_t id, std::vector<int3
 std::unique_ptr<Comm> Runtime::MakeComm(int32_t id, const std::vector<int32_t>& ranks, int my) {
   int n = static_cast<int>(ranks.size());
   if (n == 1) return std::make_unique<SelfComm>();
-  std::vector<int> global(ranks.begin(), ranks.end());
-  bool one_host = true;
-  for (int32_t r : ranks) one_host &= host_of_rank_[r] == host_of_rank_[ranks[0]];
-  if (config_.shm && one_host) {
-    std::string name = "/sdl_" + job_token_ + "_" + std::to_string(opts_.epoch) + "_" + std::to_string(id);
-    return std::make_unique<ShmComm>(name, my, n, global, config_.shm_buffer_bytes,
-                                     config_.timeout_s, config_.start_timeout_s);
+  const std::string& my_host = host_of_rank_[ranks[my]];
+  std::vector<int32_t> local, leaders;  // members on my host; first member of each host
+  std::vector<std::string> seen;
+  for (int32_t r : ranks) {
+    if (host_of_rank_[r] == my_host) local.push_back(r);
+    if (std::find(seen.begin(), seen.end(), host_of_rank_[r]) == seen.end()) {
+      seen.push_back(host_of_rank_[r]);
+      leaders.push_back(r);
+    }
   }
+  const std::string tag = std::to_string(id);
+  if (config_.shm && static_cast<int>(local.size()) == n)
+    return MakeShm(tag, local, my);
+  // Hierarchical when some host holds several members; decided from the
+  // global host map, so every member takes the same branch.
+  if (config_.shm && config_.hierarchical && leaders.size() < ranks.size()) {
+    // Leaders meet on a communicator of their own; every member also joins the flat one.
+    int local_index = static_cast<int>(std::find(local.begin(), local.end(), ranks[my]) - local.begin());
+    int leader_index = static_cast<int>(std::find(leaders.begin(), leaders.end(), ranks[my]) - leaders.begin());
+    std::string host_index = std::to_string(std::find(seen.begin(), seen.end(), my_host) - seen.begin());
+    std::unique_ptr<Comm> local_comm = MakeShm(tag + "_h" + host_index, local, local_index);
+    std::unique_ptr<Comm> cross;
+    if (local_index == 0) cross = MakeNetwork(tag + "_leaders", leaders, leader_index);
+    return std::make_unique<HierarchicalComm>(std::move(local_comm), std::move(cross),
+                                              MakeNetwork(tag, ranks, my));
+  }
+  return MakeNetwork(tag, ranks, my);
+}
+
+std::unique_ptr<Comm> Runtime::MakeShm(const std::string& tag, const std::vector<int32_t>& ranks,
+                                       int my) {
+  if (ranks.size() == 1) return std::make_unique<SelfComm>();
+  std::string name = "/sdl_" + job_token_ + "_" + std::to_string(opts_.epoch) + "_" + tag;
+  return std::make_unique<ShmComm>(name, my, static_cast<int>(ranks.size()),
+                                   std::vector<int>(ranks.begin(), ranks.end()),
+                                   config_.shm_buffer_bytes, config_.timeout_s,
+                                   config_.start_timeout_s);
+}
+
+// Gloo or MPI among ranks (global ranks, ascending); tag names the rendezvous.
+std::unique_ptr<Comm> Runtime::MakeNetwork(const std::string& tag, const std::vector<int32_t>& ranks,
+                                           int my) {
+  int n = static_cast<int>(ranks.size());
+  std::vector<int> global(ranks.begin(), ranks.end());
 #ifdef SDL_HAVE_MPI
   if (opts_.use_mpi) {
     MPI_Comm world = *static_cast<MPI_Comm*>(mpi_world_);
     MPI_Group world_group, group;
     MPI_Comm_group(world, &world_group);
-    std::vector<int> members(ranks.begin(), ranks.end());
-    MPI_Group_incl(world_group, n, members.data(), &group);
+    MPI_Group_incl(world_group, n, global.data(), &group);
     MPI_Comm comm;
-    MPI_Comm_create_group(world, group, id, &comm);
+    MPI_Comm_create_group(world, group, static_cast<int>(std::hash<std::string>()(tag) & 0x7fff),
+                          &comm);
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
     return std::make_unique<MpiComm>(comm, global);
   }
 #endif
   if (!gloo_device_) gloo_device_ = MakeGlooDevice(config_.gloo_iface, opts_.hostname);
-  gloo::rendezvous::PrefixStore prefixed(
-      "e" + std::to_string(opts_.epoch) + "/ps" + std::to_string(id), *opts_.store);
+  gloo::rendezvous::PrefixStore prefixed("e" + std::to_string(opts_.epoch) + "/ps" + tag,
+                                         *opts_.store);
   return std::make_unique<GlooComm>(gloo_device_, prefixed, my, n, global, config_.timeout_s,
                                     config_.start_timeout_s);
 }

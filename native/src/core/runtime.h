@@ -100,6 +100,8 @@ class Runtime {
  private:
   std::shared_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
   std::unique_ptr<Comm> MakeComm(int32_t id, const std::vector<int32_t>& ranks, int my_rank);
+  std::unique_ptr<Comm> MakeShm(const std::string& tag, const std::vector<int32_t>& ranks, int my);
+  std::unique_ptr<Comm> MakeNetwork(const std::string& tag, const std::vector<int32_t>& ranks, int my);
   void InitMpi();   // MPI world, topology, host identities and job token
   void InitStore();  // the same through the rendezvous store
   std::shared_ptr<ProcessSet> FindSet(int32_t id);
