@@ -6,14 +6,17 @@ Modules, each named after what it holds:
 - :mod:`~spark_dl.runner.options`: :class:`LaunchOptions`;
 - :mod:`~spark_dl.runner.hosts`: ``-H``/hostfile parsing and rank assignment;
 - :mod:`~spark_dl.runner.gloo_run`: the Gloo launcher (worker environments);
+- :mod:`~spark_dl.runner.mpi_run`: the MPI launcher (``mpirun``'s command line, output
+  and failure reports);
 - :mod:`~spark_dl.runner.workers`: worker processes, failure and signal handling;
-- :mod:`~spark_dl.runner.output`: rank-prefixed output forwarding;
+- :mod:`~spark_dl.runner.output`: rank-prefixed output forwarding (and demultiplexing of
+  output that ``mpirun`` tagged);
 - :mod:`~spark_dl.runner.remote`: ssh launch and the remote-side bootstrap;
 - :mod:`~spark_dl.runner.kvstore`: the authenticated rendezvous server and client;
 - :mod:`~spark_dl.runner.secret`: the per-job secret and message authentication.
 
 Only the standard library is used, so that this package works before the native core is
-built and on hosts that only launch.
+built and on hosts that only launch (the MPI launcher needs Open MPI's ``mpirun``).
 """
 
 from spark_dl.runner.kvstore import KVStoreClient, KVStoreServer, client_from_env

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import sys
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -30,7 +29,7 @@ from spark_dl.runner import remote
 from spark_dl.runner.hosts import LOCALHOST, SlotInfo
 from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.runner.options import LaunchOptions
-from spark_dl.runner.output import OutputForwarder
+from spark_dl.runner.output import forwarder_for
 from spark_dl.runner.secret import make_secret, secret_to_hex
 from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
 
@@ -92,11 +91,7 @@ def run_gloo(command: Sequence[str], slots: Sequence[SlotInfo], options: LaunchO
         rendezvous_addr = options.rendezvous_addr
     else:
         rendezvous_addr = "127.0.0.1" if all_local else route_address(remote_hosts[0])
-    stdout = options.stdout or sys.stdout.buffer
-    stderr = options.stderr or sys.stderr.buffer
-    forwarder = OutputForwarder(stdout, stderr, prefix=options.prefix_output,
-                                timestamp=options.prefix_timestamp,
-                                output_dir=options.output_dir)
+    forwarder = forwarder_for(options)
     secret = make_secret()
     job_id = secrets.token_hex(8)
     cwd = options.cwd or os.getcwd()

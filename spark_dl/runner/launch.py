@@ -1,21 +1,25 @@
 """The ``sdlrun`` command and its Python API, :func:`run_command`.
 
 ``sdlrun -np 4 -H a:2,b:2 python train.py`` starts four workers, two per host, each with
-its rank environment, and returns when they are done. See ``docs/sdlrun.md``.
+its rank environment, and returns when they are done; ``sdlrun --mpi ...`` does it through
+Open MPI's ``mpirun`` (:func:`choose_controller` says which is used when neither
+``--gloo`` nor ``--mpi`` is given). See ``docs/sdlrun.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import shutil
 import signal
 import sys
 import threading
-from typing import Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from spark_dl.runner.hosts import (HostSlots, assign_ranks, is_local_host, merge_hosts,
                                    parse_hostfile, parse_hosts)
-from spark_dl.runner.options import LaunchOptions
+from spark_dl.runner.options import LaunchError, LaunchOptions
 from spark_dl.runner.workers import Stopper
 
 HostsArg = Union[None, str, Sequence[Union[HostSlots, str, tuple]]]
@@ -59,6 +63,64 @@ def _forward_signals(stopper: Stopper) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+def _core_build() -> Optional[Mapping[str, bool]]:
+    """The core's ``build_info()``, or None where the core is not built (the runner works
+    without it: it may launch on hosts that only launch)."""
+    try:
+        from spark_dl import _core
+    except ImportError:
+        return None
+    return _core.build_info()
+
+
+def choose_controller(requested: str = "auto", env: Optional[Mapping[str, str]] = None,
+                      mpirun: str = "mpirun", mpi_args: Union[str, Sequence[str]] = ()
+                      ) -> Tuple[str, str]:
+    """Which launcher runs a job, ``"gloo"`` or ``"mpi"``, and why (for ``--verbose``).
+
+    1. ``requested`` when it is ``"gloo"`` or ``"mpi"`` (``--gloo``, ``--mpi``); else
+       MPI when ``mpi_args`` are given.
+    2. Else ``SDL_CONTROLLER`` (from ``env``, else this process's environment) when it is
+       ``gloo`` or ``mpi``: the workers' controller knob also picks their launcher.
+    3. Else Gloo, which needs nothing outside spark_dl, even where MPI is available too;
+       only a core built without Gloo but with MPI, with ``mpirun`` on ``PATH``, makes it
+       MPI.
+
+    Args:
+        requested: ``"auto"``, ``"gloo"`` or ``"mpi"``.
+        env: the job's extra environment (``run_command``'s ``env``).
+        mpirun: the ``mpirun`` program to look for.
+        mpi_args: ``--mpi-args``.
+
+    Raises:
+        ValueError: ``mpi_args`` with ``requested="gloo"``.
+    """
+    if requested == "gloo" and mpi_args:
+        raise ValueError("--mpi-args needs --mpi")
+    if requested in ("gloo", "mpi"):
+        return requested, f"--{requested}"
+    if mpi_args:
+        return "mpi", "--mpi-args given"
+    # Read here, not through spark_dl.common.knobs: that table lives in the core, which
+    # the runner must not need.
+    knob = {**os.environ, **(env or {})}.get("SDL_CONTROLLER", "").strip().lower()
+    if knob in ("gloo", "mpi"):
+        return knob, f"SDL_CONTROLLER={knob}"
+    build = _core_build()
+    if build is not None and not build.get("gloo") and build.get("mpi"):
+        if shutil.which(mpirun):
+            return "mpi", "this spark_dl build has MPI but no Gloo"
+    return "gloo", "the default; --mpi launches through mpirun"
+
+
+def _mpi_build_warning() -> Optional[str]:
+    build = _core_build()
+    if build is not None and not build.get("mpi"):
+        return ("sdlrun: warning: this spark_dl build has no MPI, so spark_dl.init() will "
+                "fail in the workers: rebuild with Open MPI (libopenmpi-dev), or use --gloo\n")
+    return None
+
+
 def run_command(command: Sequence[str], np: int, hosts: HostsArg = None,
                 env: Optional[Mapping[str, str]] = None, hostfile: Optional[str] = None,
                 **options) -> int:
@@ -72,7 +134,8 @@ def run_command(command: Sequence[str], np: int, hosts: HostsArg = None,
         env: extra environment variables for every worker.
         hostfile: a host file instead of ``hosts``.
         **options: fields of :class:`~spark_dl.runner.options.LaunchOptions`
-            (``start_timeout``, ``output_dir``, ``verbose``, ``kill_grace`` ...).
+            (``controller``, ``mpi_args``, ``start_timeout``, ``output_dir``,
+            ``verbose``, ``kill_grace`` ...).
 
     Returns:
         0 when every worker succeeded; else the exit code of the first worker that failed
@@ -82,6 +145,7 @@ def run_command(command: Sequence[str], np: int, hosts: HostsArg = None,
     Raises:
         ValueError: bad hosts, np or options.
         TypeError: an unknown option.
+        LaunchError: MPI asked for, and no Open MPI ``mpirun`` found.
     """
     if not command:
         raise ValueError("no command to run")
@@ -89,12 +153,27 @@ def run_command(command: Sequence[str], np: int, hosts: HostsArg = None,
     opts.validate()
     host_list = merge_hosts(_to_hosts(hosts, hostfile, np), is_local=is_local_host)
     slots = assign_ranks(host_list, np)
+    controller, reason = choose_controller(opts.controller, env, opts.mpirun, opts.mpi_args)
+    stderr = opts.stderr or sys.stderr.buffer
+    if opts.verbose:
+        name = {"gloo": "Gloo", "mpi": "MPI (mpirun)"}[controller]
+        _say(stderr, f"sdlrun: launching with {name}: {reason}\n")
     stopper = Stopper()
+    if controller == "mpi":
+        from spark_dl.runner.mpi_run import run_mpi
+        warning = _mpi_build_warning()
+        if warning:
+            _say(stderr, warning)
+        with _forward_signals(stopper):
+            return run_mpi(list(command), slots, opts, env=env, stopper=stopper)
+    from spark_dl.runner.gloo_run import run_gloo
     with _forward_signals(stopper):
-        if opts.controller == "gloo":
-            from spark_dl.runner.gloo_run import run_gloo
-            return run_gloo(list(command), slots, opts, env=env, stopper=stopper)
-    raise ValueError(f"unsupported controller {opts.controller!r}")  # pragma: no cover
+        return run_gloo(list(command), slots, opts, env=env, stopper=stopper)
+
+
+def _say(stream, text: str) -> None:
+    stream.write(text.encode())
+    stream.flush()
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -119,9 +198,13 @@ def make_parser() -> argparse.ArgumentParser:
                         help="report hosts, ranks, commands and rendezvous traffic")
     controller = parser.add_mutually_exclusive_group()
     controller.add_argument("--gloo", dest="controller", action="store_const", const="gloo",
-                            help="use Gloo for the controller and collectives (default)")
+                            help="start one process per rank, meeting through sdlrun's "
+                                 "rendezvous server, on Gloo (the default)")
     controller.add_argument("--mpi", dest="controller", action="store_const", const="mpi",
-                            help=argparse.SUPPRESS)
+                            help="launch through Open MPI's mpirun; the workers use MPI")
+    parser.add_argument("--mpi-args", default="", metavar="ARGS",
+                        help="extra mpirun arguments, split like a shell line "
+                             "(--mpi only; write --mpi-args=\"-x FOO\")")
     parser.add_argument("-p", "--ssh-port", type=int, help="ssh port of remote hosts")
     parser.add_argument("-i", "--ssh-identity-file", help="ssh private key for remote hosts")
     parser.add_argument("--rendezvous-addr", metavar="ADDR",
@@ -141,18 +224,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         command = command[1:]
     if not command:
         parser.error("no command given")
-    if args.controller == "mpi":
-        parser.error("--mpi is not supported yet; only --gloo (the default)")
     try:
         return run_command(
             command, args.np, hosts=args.hosts, hostfile=args.hostfile,
-            controller=args.controller or "gloo", start_timeout=args.start_timeout,
+            controller=args.controller or "auto",
+            mpi_args=args.mpi_args, start_timeout=args.start_timeout,
             output_dir=args.output_filename, verbose=args.verbose,
             prefix_output=not args.disable_output_prefix,
             prefix_timestamp=args.prefix_output_with_timestamp,
             ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
             rendezvous_addr=args.rendezvous_addr)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, LaunchError) as exc:
         print(f"sdlrun: error: {exc}", file=sys.stderr)
         return 2
 

@@ -1,11 +1,15 @@
-"""Launch options shared by the CLI, the Python API and every launcher (Gloo; MPI next)."""
+"""Launch options shared by the CLI, the Python API and every launcher (Gloo, MPI)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import BinaryIO, Optional, Sequence
 
-CONTROLLERS = ("gloo",)  # "mpi" joins when its launcher lands
+CONTROLLERS = ("auto", "gloo", "mpi")
+
+
+class LaunchError(RuntimeError):
+    """The job cannot be launched as asked (e.g. ``mpirun`` is missing)."""
 
 
 @dataclass
@@ -13,7 +17,9 @@ class LaunchOptions:
     """How to launch one job. Every field has a default, so adding one breaks no caller.
 
     Attributes:
-        controller: which launcher starts the workers (only ``"gloo"`` for now).
+        controller: which launcher starts the workers: ``"gloo"`` (one process per rank,
+            rendezvous server), ``"mpi"`` (through Open MPI's ``mpirun``), or ``"auto"``
+            (see :func:`~spark_dl.runner.launch.choose_controller`).
         start_timeout: seconds workers may take to start and register (remote workers
             register with the rendezvous server; workers also receive it as
             ``SDL_START_TIMEOUT`` to bound their own rendezvous).
@@ -27,12 +33,14 @@ class LaunchOptions:
             127.0.0.1 when every host is local, else this machine's address on the route
             to the first remote host.
         kill_grace: seconds between SIGTERM and SIGKILL when stopping workers.
+        mpi_args: extra ``mpirun`` arguments, already split (MPI only).
+        mpirun: the ``mpirun`` program, looked up on ``PATH`` unless a path (MPI only).
         cwd: working directory of the workers (default: the launcher's).
         stdout, stderr: binary streams receiving forwarded output (default: the
             launcher's own stdout/stderr).
     """
 
-    controller: str = "gloo"
+    controller: str = "auto"
     start_timeout: float = 30.0
     output_dir: Optional[str] = None
     prefix_output: bool = True
@@ -43,6 +51,8 @@ class LaunchOptions:
     ssh_command: Sequence[str] = ("ssh",)
     rendezvous_addr: Optional[str] = None
     kill_grace: float = 3.0
+    mpi_args: Sequence[str] = ()
+    mpirun: str = "mpirun"
     cwd: Optional[str] = None
     stdout: Optional[BinaryIO] = None
     stderr: Optional[BinaryIO] = None

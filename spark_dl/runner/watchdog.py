@@ -5,7 +5,7 @@ watchdog per job, in a session of its own, and tells it through a pipe on its st
 worker's process group as it starts (``add PGID``) and as it is reaped (``del PGID``); a
 launcher that finishes cleanly writes ``exit``. End of file without ``exit`` means the
 launcher is gone: the watchdog sends SIGTERM to every group still listed, SIGKILL after a
-grace period, and exits.
+grace period (to each group's whole session: every worker leads one), and exits.
 
 Remote workers are covered too: their local ssh processes are the groups listed here, and
 a remote worker stops when its ssh connection closes.
@@ -73,6 +73,35 @@ class Watchdog:
             self._proc = None
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL to every process of session ``sid`` (Linux; elsewhere nothing).
+
+    A worker leads its own session, so this reaches what it started in process groups of
+    their own (``mpirun`` puts each rank in one). Linux does not reuse a pid while a
+    session still carries it, so while anything of ours is left the id is ours; only
+    once all of it is gone, and the pid numbers wrapped around, could a stranger lead a
+    session with that id (the same bound as ``killpg`` on a worker's group).
+    """
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                # "pid (comm) state ppid pgrp session ...": comm may hold spaces.
+                session = int(f.read().rsplit(b")", 1)[1].split()[3])
+        except (OSError, IndexError, ValueError):
+            continue
+        if session == sid:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def _signal_groups(groups, signum) -> None:
     for pgid in list(groups):
         try:
@@ -99,12 +128,15 @@ def main(argv=None) -> int:
             elif words[0] == "del":
                 groups.discard(int(words[1]))
     # The launcher died.
+    sessions = set(groups)
     _signal_groups(groups, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while groups and time.monotonic() < deadline:
         time.sleep(0.1)
         _signal_groups(groups, 0)  # drops the groups that are gone
     _signal_groups(groups, signal.SIGKILL)
+    for sid in sessions:
+        kill_session(sid)
     return 0
 
 

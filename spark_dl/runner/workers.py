@@ -13,6 +13,9 @@ the launcher only, which then forwards it. The rules:
   reports a problem stops the job like a failure, with exit code 1;
 - if the launcher itself dies, a watchdog process (:mod:`spark_dl.runner.watchdog`) stops
   the workers.
+
+SIGKILL reaches a worker's whole session, not only its process group: ``mpirun`` (one
+"worker" running many ranks) puts each rank in a process group of its own.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from spark_dl.runner.output import OutputForwarder
-from spark_dl.runner.watchdog import Watchdog
+from spark_dl.runner.output import OutputForwarder, TagDemux
+from spark_dl.runner.watchdog import Watchdog, kill_session
 
 # Seconds to wait, after the last worker exited, for output still in flight through
 # processes a worker left behind holding its pipes.
@@ -47,6 +50,12 @@ class WorkerSpec:
         stdin_data: written to its stdin, which then stays open until the worker is stopped
             (the remote bootstrap stops its worker when stdin closes); None: /dev/null.
         cwd: working directory, None for the launcher's.
+        label: how messages name it (default ``rank <rank> on <hostname>``).
+        demux: for a process that runs many ranks and tags their output (``mpirun``):
+            a :class:`~spark_dl.runner.output.TagDemux` per stream, ``stdout`` and
+            ``stderr``; None: the output is this rank's.
+        ranks: with ``demux``, the ranks it runs (their output files are created up front).
+        report_failure: log its failure; False when the caller explains it better.
     """
 
     rank: int
@@ -55,6 +64,13 @@ class WorkerSpec:
     env: Mapping[str, str]
     stdin_data: Optional[bytes] = None
     cwd: Optional[str] = None
+    label: Optional[str] = None
+    demux: Optional[Mapping[str, TagDemux]] = None
+    ranks: Sequence[int] = ()
+    report_failure: bool = True
+
+    def describe(self) -> str:
+        return self.label or f"rank {self.rank} on {self.hostname}"
 
 
 class Stopper:
@@ -130,12 +146,15 @@ class WorkerGroup:
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
             except OSError as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
-                return f"cannot start rank {spec.rank} on {spec.hostname}: {exc}", code
+                return f"cannot start {spec.describe()}: {exc}", code
             self._watchdog.add(proc.pid)
             self._procs[spec.rank] = proc
             self._running[spec.rank] = proc
-            self._out.add(spec.rank, "stdout", proc.stdout)
-            self._out.add(spec.rank, "stderr", proc.stderr)
+            for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                if spec.demux is None:
+                    self._out.add(spec.rank, name, pipe)
+                else:
+                    self._out.add_tagged(name, pipe, spec.demux[name], spec.ranks)
             if spec.stdin_data is not None:
                 # A thread, so that a slow ssh connection never blocks the launcher.
                 threading.Thread(target=self._feed_stdin, args=(proc, spec.stdin_data),
@@ -168,15 +187,16 @@ class WorkerGroup:
                 rank = None
             if rank is not None:
                 self._reaped(rank)
-                host = self._specs[rank].hostname
+                spec = self._specs[rank]
                 if rc != 0 and first_failure is None and stop_reason is None:
                     first_failure = (rank, rc)
                     result = exit_code(rc)
                     what = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
-                    self.log(f"rank {rank} on {host} failed with {what}"
-                             + ("; stopping the other workers" if self._running else ""))
+                    if spec.report_failure:
+                        self.log(f"{spec.describe()} failed with {what}"
+                                 + ("; stopping the other workers" if self._running else ""))
                 elif self._verbose:
-                    self.log(f"rank {rank} on {host} exited with code {exit_code(rc)}")
+                    self.log(f"{spec.describe()} exited with code {exit_code(rc)}")
             if self._stopper.count > signals_seen:
                 signals_seen = self._stopper.count
                 signum = self._stopper.signum
@@ -255,9 +275,12 @@ class WorkerGroup:
 
 
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:
-    """Signals the worker's whole process group (its pid: it leads its own session)."""
+    """Signals the worker's whole process group (its pid: it leads its own session); a
+    SIGKILL also reaches the rest of its session."""
     try:
         os.killpg(proc.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+    if signum == signal.SIGKILL:
+        kill_session(proc.pid)
 

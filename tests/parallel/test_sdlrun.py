@@ -224,7 +224,7 @@ def test_workers_meet_through_kvstore_client():
 
 @pytest.mark.parametrize("args, message", [
     (["-np", "3", "-H", "localhost:2", "true"], "exceeds the 2 slots"),
-    (["-np", "2", "--mpi", "true"], "--mpi is not supported"),
+    (["-np", "2", "--gloo", "--mpi-args=-x A", "true"], "--mpi-args needs --mpi"),
     (["-np", "2"], "no command"),
     (["-np", "1", "-H", "a:x", "true"], "cannot parse host"),
 ])

@@ -123,7 +123,7 @@ def test_hosts_argument_forms(tmp_path):
 
 def test_launch_options_validate():
     LaunchOptions().validate()
-    for bad in (dict(controller="mpi"), dict(start_timeout=0), dict(kill_grace=-1),
+    for bad in (dict(controller="nccl"), dict(start_timeout=0), dict(kill_grace=-1),
                 dict(ssh_port=70000)):
         with pytest.raises(ValueError):
             LaunchOptions(**bad).validate()
