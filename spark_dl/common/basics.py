@@ -134,6 +134,12 @@ def init(comm=None, process_sets=None, **knobs):
 
             client = client_from_env(environ)
             if client is None:
+                if "OMPI_COMM_WORLD_SIZE" in environ or "PMI_SIZE" in environ:
+                    raise InvalidArgumentError(
+                        "this process runs under mpirun, but spark_dl is not using MPI ("
+                        + ("SDL_CONTROLLER=gloo" if controller == "gloo" else
+                           "this build has no MPI: install libopenmpi-dev and reinstall spark_dl")
+                        + "); or launch with sdlrun --gloo")
                 raise InvalidArgumentError(
                     f"SDL_SIZE={topo['size']} but no rendezvous server is set "
                     "(SDL_RENDEZVOUS_ADDR/SDL_RENDEZVOUS_PORT/SDL_SECRET_KEY): start the job "
