@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <unordered_set>
 
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
@@ -521,9 +522,9 @@ bool Runtime::Cycle(ProcessSet& ps, bool world) {
   // Drop finished names from the order (a name may be enqueued again later).
   std::vector<std::string> order;
   order.reserve(ps.pending.size());
-  for (const std::string& name : ps.pending_order)
-    if (ps.pending.count(name) && std::find(order.begin(), order.end(), name) == order.end())
-      order.push_back(name);
+  std::unordered_set<std::string> kept;
+  for (std::string& name : ps.pending_order)
+    if (ps.pending.count(name) && kept.insert(name).second) order.push_back(std::move(name));
   ps.pending_order.swap(order);
   return false;
 }
