@@ -1,0 +1,304 @@
+"""The driver service: where tasks register and workers fetch code and report back.
+
+It runs in the Spark driver for the duration of one :func:`spark_dl.spark.run`. Methods
+(all authenticated, see :mod:`spark_dl.spark.service`):
+
+================  =====================================================================
+``register``      a task service announces itself: index, host hash, endpoints, GPUs
+``task_failed``   a task's own code failed (before or while hosting its worker)
+``ping``          a task service asks whether to keep going (``{"stop": bool}``)
+``code``          a worker fetches the pickled ``(fn, args, kwargs)`` (and which
+                  pickler made it)
+``result``        a worker posts its pickled return value
+``error``         a worker posts its exception: summary, traceback, pickled exception
+``output``        a task service forwards rank-prefixed worker output
+``worker_exit``   a task service reports its worker's exit code
+================  =====================================================================
+
+The driver thread waits on this object (:meth:`DriverService.wait_for_registrations`,
+:meth:`DriverService.wait_for_outcome`); handlers only record and notify.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+from spark_dl.spark.run_errors import StartTimeoutError
+from spark_dl.spark.service import Endpoint, ServiceServer
+
+__all__ = ["DriverService", "Registration", "Failure"]
+
+# Exceptions a rank raises because another rank failed first: never the root cause.
+_CONSEQUENCES = ("PeerFailureError", "ShutdownError", "HorovodInternalError")
+# After the first failure, wait this long for the other ranks' reports, so the root
+# cause (e.g. a killed rank) wins over its consequences (peers that lost it).
+SETTLE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What one task service told the driver about itself."""
+
+    index: int
+    host_hash: str
+    hostname: str
+    endpoints: List[Endpoint]
+    gpus: List[str]
+    pid: int
+
+
+@dataclass
+class Failure:
+    """One failed rank or task.
+
+    ``priority`` orders root causes: 0 an exception of the function, 1 a worker exit
+    without an exception (killed, ``os._exit``), 2 a task failure, 3 an exception caused
+    by another rank's failure.
+    """
+
+    priority: int
+    summary: str
+    rank: Optional[int] = None
+    traceback: Optional[str] = None
+    exit_code: Optional[int] = None
+    exception: Optional[bytes] = None
+    at: float = field(default_factory=time.monotonic)
+
+
+def describe_exit(code: int) -> str:
+    """``exit code 1`` or ``exit code 137 (signal 9, SIGKILL)``."""
+    text = f"exit code {code}"
+    if code > 128:
+        import signal
+
+        try:
+            text += f" (signal {code - 128}, {signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return text
+
+
+class DriverService:
+    """The driver's side of one job.
+
+    Args:
+        secret: the job secret.
+        num_proc: number of tasks and workers.
+        code: the pickled ``(fn, args, kwargs)`` workers fetch.
+        pickler: names the pickler that made ``code`` (for workers' error messages).
+        hosts: addresses to bind.
+        write_output: ``(stream, data)`` sink for forwarded worker output.
+        log: diagnostics sink (refused requests); None: silent.
+    """
+
+    def __init__(self, secret: bytes, num_proc: int, code: bytes, hosts: Sequence[str],
+                 write_output: Callable[[str, bytes], None],
+                 log: Optional[Callable[[str], None]] = None, pickler: str = ""):
+        self.num_proc = num_proc
+        self._code = {"function": code, "pickler": pickler}
+        self._write_output = write_output
+        self._cond = threading.Condition()
+        self._registrations: Dict[int, Registration] = {}
+        self._rank_of: Optional[Dict[int, int]] = None  # task index -> rank, once launched
+        self._results: Dict[int, bytes] = {}
+        self._exits: Dict[int, int] = {}
+        self._errors: set = set()  # ranks that posted an exception
+        self._failures: List[Failure] = []
+        self._stopping = False
+        self.server = ServiceServer("driver", secret, {
+            "register": self._register, "task_failed": self._task_failed,
+            "ping": self._ping, "code": self._get_code, "result": self._result,
+            "error": self._error, "output": self._output, "worker_exit": self._worker_exit,
+        # Per task: its pings and its output; per worker: its short calls.
+        }, hosts=hosts, max_request=1 << 31, max_connections=max(256, 4 * num_proc + 16),
+            log=log)
+
+    def start(self) -> List[Endpoint]:
+        return self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    # ---- handlers (service threads) -------------------------------------------------
+
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < self.num_proc:
+            raise ValueError(f"task index {index} outside 0..{self.num_proc - 1}")
+
+    def _check_rank(self, rank: int) -> None:
+        if not 0 <= rank < self.num_proc:
+            raise ValueError(f"rank {rank} outside 0..{self.num_proc - 1}")
+
+    def _register(self, index: int, host_hash: str, hostname: str, endpoints, gpus,
+                  pid: int) -> dict:
+        self._check_index(index)
+        reg = Registration(index, str(host_hash), str(hostname),
+                           [(str(h), int(p)) for h, p in endpoints], [str(g) for g in gpus],
+                           int(pid))
+        with self._cond:
+            if self._rank_of is not None:
+                # Spark restarted a task (stage retry) after the workers were launched:
+                # the job cannot continue with a rank's process gone.
+                self._fail(Failure(2, f"task {index} on {hostname} was started again by "
+                                      "Spark after the workers were launched (a task or "
+                                      "executor of this job failed; see the executor logs)"))
+                return {"accepted": False}
+            self._registrations[index] = reg  # a retry before launch replaces the first
+            self._cond.notify_all()
+        return {"accepted": True}
+
+    def _task_failed(self, index: int, traceback: str) -> None:
+        self._check_index(index)
+        with self._cond:
+            reg = self._registrations.get(index)
+            where = f" on {reg.hostname}" if reg else ""
+            rank = None if self._rank_of is None else self._rank_of.get(index)
+            self._fail(Failure(2, f"task {index}{where} failed", rank=rank,
+                               traceback=traceback))
+
+    def _ping(self, index: int) -> dict:
+        with self._cond:
+            return {"stop": self._stopping}
+
+    def _get_code(self, rank: int) -> dict:
+        self._check_rank(rank)
+        return self._code
+
+    def _result(self, rank: int, value: bytes) -> None:
+        self._check_rank(rank)
+        with self._cond:
+            self._results[rank] = value
+            self._cond.notify_all()
+
+    def _error(self, rank: int, exc_type: str, summary: str, traceback: str,
+               exception: Optional[bytes]) -> None:
+        self._check_rank(rank)
+        consequence = exc_type.rsplit(".", 1)[-1] in _CONSEQUENCES
+        with self._cond:
+            self._errors.add(rank)
+            self._fail(Failure(3 if consequence else 0, summary, rank=rank,
+                               traceback=traceback, exception=exception))
+
+    def _output(self, stream: str, data: bytes) -> None:
+        self._write_output("stderr" if stream == "stderr" else "stdout", data)
+
+    def _worker_exit(self, index: int, rank: int, code: int) -> None:
+        self._check_rank(rank)
+        with self._cond:
+            self._exits[rank] = code
+            reg = self._registrations.get(index)
+            where = f" on {reg.hostname}" if reg else ""
+            if rank in self._results:
+                if code != 0 and not self._stopping:
+                    # The result is in: report the exit, but do not fail the job for it.
+                    self._write_output("stderr", (
+                        f"spark_dl.spark.run: warning: rank {rank}{where} returned its result "
+                        f"but then ended with {describe_exit(code)}\n").encode())
+            elif rank not in self._errors:
+                if code != 0:
+                    self._fail(Failure(1, f"rank {rank}{where} ended with "
+                                          f"{describe_exit(code)}", rank=rank,
+                                       exit_code=code))
+                else:
+                    self._fail(Failure(1, f"rank {rank}{where} exited without returning a "
+                                          "result", rank=rank, exit_code=code))
+            self._cond.notify_all()
+
+    def _fail(self, failure: Failure) -> None:
+        # Caller holds the condition. Once stopping, new failures are consequences.
+        if not self._stopping:
+            self._failures.append(failure)
+            self._cond.notify_all()
+
+    # ---- the driver thread ----------------------------------------------------------
+
+    def wait_for_registrations(self, timeout: float, problem: Callable[[], Optional[str]],
+                               advice: str = "") -> List[Registration]:
+        """Waits until every task registered; returns them by task index.
+
+        Args:
+            timeout: seconds (``start_timeout``).
+            problem: polled; a message when the Spark job ended (stops the wait).
+            advice: appended to the timeout error (what to check).
+
+        Raises:
+            StartTimeoutError: not all registered in time; the message names the missing
+                tasks.
+            RuntimeError: ``problem()`` reported one, or a task failed before registering.
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._registrations) < self.num_proc:
+                if self._failures:
+                    raise RuntimeError(_failure_text(self._failures[0]))
+                text = problem()
+                if text is not None:
+                    raise RuntimeError(text)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(range(self.num_proc)) - set(self._registrations))
+                    raise StartTimeoutError(
+                        f"{len(missing)} of {self.num_proc} Spark tasks did not register "
+                        f"with the driver within {timeout:g} s: tasks "
+                        f"{', '.join(map(str, missing))}. {advice}".rstrip())
+                self._cond.wait(min(left, 0.1))
+            return [self._registrations[i] for i in range(self.num_proc)]
+
+    def set_ranks(self, rank_of: Dict[int, int]) -> None:
+        """Freezes registration: from now on a re-registering task fails the job."""
+        with self._cond:
+            self._rank_of = dict(rank_of)
+
+    def wait_for_outcome(self, problem: Callable[[], Optional[str]],
+                         settle_s: float = SETTLE_S) -> List[Failure]:
+        """Waits until every rank posted a result (returns []) or something failed
+        (returns the failures, root cause first, after ``settle_s`` for the others)."""
+        with self._cond:
+            while True:
+                if self._failures:
+                    settled = time.monotonic() >= self._failures[0].at + settle_s
+                    accounted = all(r in self._exits for r in range(self.num_proc))
+                    if settled or accounted:
+                        return sorted(self._failures, key=lambda f: (f.priority, f.at))
+                elif len(self._results) == self.num_proc:
+                    return []
+                else:
+                    text = problem()
+                    if text is not None:
+                        # Let reports already on their way arrive before blaming Spark.
+                        self._cond.wait(0.2)
+                        if not self._failures:
+                            self._failures.append(Failure(2, text))
+                        continue
+                self._cond.wait(0.05)
+
+    def results(self) -> List[bytes]:
+        with self._cond:
+            return [self._results[r] for r in range(self.num_proc)]
+
+    def begin_stop(self) -> None:
+        """Task services learn from their next ping that the job is over."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    def wait_for_exits(self, ranks: Sequence[int], timeout: float) -> List[int]:
+        """Waits until the given ranks' exits were reported; returns those still missing."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                missing = [r for r in ranks if r not in self._exits]
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    return missing
+                self._cond.wait(min(left, 0.1))
+
+
+def _failure_text(failure: Failure) -> str:
+    text = failure.summary
+    if failure.traceback:
+        text += "\n" + failure.traceback.rstrip()
+    return text

@@ -1,0 +1,57 @@
+"""Errors raised by :func:`spark_dl.spark.run`.
+
+Every error says what happened and what to check; a failed worker's error carries its
+rank and its remote traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+__all__ = ["RunError", "WorkerFailedError", "NotEnoughSlotsError", "StartTimeoutError",
+           "MpiNotBuiltError"]
+
+
+class RunError(RuntimeError):
+    """``run`` could not complete: the job failed to start or a worker failed.
+
+    Attributes:
+        job_id: the job's id (workers carry it on their command line).
+    """
+
+    def __init__(self, message: str, job_id: Optional[str] = None):
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class WorkerFailedError(RunError):
+    """A worker raised, exited without a result, or was killed.
+
+    Attributes:
+        rank: the failed worker's rank (the root cause when several failed).
+        remote_traceback: the worker's formatted traceback, or None when it died
+            without one (e.g. killed by a signal).
+        exit_code: its exit code when known (128+N: killed by signal N).
+        failures: one line per failed rank, the root cause first.
+    """
+
+    def __init__(self, message: str, rank: int, remote_traceback: Optional[str] = None,
+                 exit_code: Optional[int] = None, failures: Sequence[str] = (),
+                 job_id: Optional[str] = None):
+        super().__init__(message, job_id)
+        self.rank = rank
+        self.remote_traceback = remote_traceback
+        self.exit_code = exit_code
+        self.failures = list(failures)
+
+
+class NotEnoughSlotsError(RunError, ValueError):
+    """``num_proc`` exceeds the task slots the Spark cluster can run at once."""
+
+
+class StartTimeoutError(RunError, TimeoutError):
+    """Some tasks did not register with the driver within ``start_timeout``."""
+
+
+class MpiNotBuiltError(NotImplementedError):
+    """``use_mpi=True`` was asked for, but spark_dl's MPI support is not built yet."""

@@ -1,0 +1,264 @@
+"""``spark_dl.spark.run``: run a function on ``num_proc`` workers hosted by Spark executors.
+
+The flow (see ``docs/spark.md``):
+
+1. Check that the cluster can run ``num_proc`` tasks at once (fail fast otherwise).
+2. Start the driver service and the rendezvous server (fresh secret per job).
+3. Submit one barrier-mode Spark job of ``num_proc`` tasks; each starts a task service
+   and registers (index, host, endpoints, GPUs).
+4. Assign ranks grouped by host; the launcher starts one worker per task through the
+   task services; workers fetch the function, run it and post results or exceptions.
+5. Return the results ordered by rank; on any failure stop every worker, cancel the
+   Spark job and raise, naming the rank and carrying its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import threading
+import time
+from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
+
+from spark_dl.runner.kvstore import KVStoreServer
+from spark_dl.runner.secret import make_secret
+from spark_dl.spark import pickling
+from spark_dl.spark.driver.job import SparkJob
+from spark_dl.spark.driver.plan import plan_ranks
+from spark_dl.spark.driver.service import DriverService, Failure
+from spark_dl.spark.driver.slots import check_slots
+from spark_dl.spark.launcher import Launcher, LaunchContext, select_launcher
+from spark_dl.spark.network import driver_addresses
+from spark_dl.spark.run_errors import RunError, WorkerFailedError
+from spark_dl.spark.service import ServiceClient, log_to_stderr
+from spark_dl.spark.task.main import TaskMain, TaskSettings
+
+__all__ = ["run"]
+
+DEFAULT_START_TIMEOUT_S = 600.0
+START_TIMEOUT_VARS = ("SDL_SPARK_START_TIMEOUT", "HOROVOD_SPARK_START_TIMEOUT")
+KILL_GRACE_S = 3.0
+# Bounds of the clean-up after a failure: stop the workers, then the Spark job.
+_STOP_WAIT_S = KILL_GRACE_S + 4.0
+_CANCEL_WAIT_S = 10.0
+# After success: workers exit right after posting their results.
+_FINISH_WAIT_S = 30.0
+
+
+def _start_timeout(value: Optional[float]) -> float:
+    if value is None:
+        for name in START_TIMEOUT_VARS:
+            if os.environ.get(name):
+                value = float(os.environ[name])
+                break
+        else:
+            value = DEFAULT_START_TIMEOUT_S
+    if value <= 0:
+        raise ValueError(f"start_timeout must be positive, got {value}")
+    return float(value)
+
+
+def _spark_context():
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        raise RuntimeError("spark_dl.spark.run needs an active SparkContext (create a "
+                           "SparkSession first); Spark Connect sessions have no "
+                           "SparkContext and cannot host the workers")
+    return sc
+
+
+class _Output:
+    """Writes forwarded worker output and launcher messages to the caller's streams."""
+
+    def __init__(self, stdout: Optional[TextIO], stderr: Optional[TextIO]):
+        self._streams = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
+        self._lock = threading.Lock()
+
+    def write(self, stream: str, data: bytes) -> None:
+        sink = self._streams[stream]
+        with self._lock:
+            try:
+                sink.write(data.decode("utf-8", errors="replace"))
+                sink.flush()
+            except (OSError, ValueError):
+                pass  # a closed stream must not stop the job
+
+    def log(self, text: str) -> None:
+        self.write("stderr", f"spark_dl.spark.run: {text}\n".encode())
+
+
+def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] = None,
+        num_proc: Optional[int] = None, start_timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None, stdout: Optional[TextIO] = None,
+        stderr: Optional[TextIO] = None, verbose: int = 1,
+        nics: Optional[Sequence[str]] = None, use_mpi: Optional[bool] = None,
+        use_gloo: Optional[bool] = None, extra_mpi_args: Optional[str] = None,
+        prefix_output_with_timestamp: bool = False) -> List[Any]:
+    """Runs ``fn(*args, **kwargs)`` on ``num_proc`` workers inside Spark executors.
+
+    Each worker is a fresh Python process started by a barrier-mode Spark task, with the
+    rank environment ``spark_dl``'s ``init()`` reads, so ``fn`` may call
+    ``spark_dl.numpy.init()`` (or a framework's) and use collectives across workers.
+
+    Args:
+        fn: the function; pickled with cloudpickle (closures and lambdas work).
+        args, kwargs: its arguments.
+        num_proc: number of workers (default: ``SparkContext.defaultParallelism``).
+        start_timeout: seconds the Spark tasks may take to start and register (default:
+            ``SDL_SPARK_START_TIMEOUT`` or ``HOROVOD_SPARK_START_TIMEOUT``, else 600).
+        env: variables set in every worker, on top of its executor's environment.
+        stdout, stderr: text streams receiving the workers' output, each line prefixed
+            with ``[rank]<stdout>:`` (default: this process's streams).
+        verbose: 0 quiet, 1 warnings, 2 job progress and supervision messages.
+        nics: network interfaces the services bind to (driver and executors), e.g.
+            ``["eth0"]``; default: the address Spark's driver uses, and each executor's
+            address on the route to it.
+        use_mpi, use_gloo: the controller; only Gloo is built (``use_mpi=True`` raises
+            :class:`~spark_dl.spark.run_errors.MpiNotBuiltError`).
+        extra_mpi_args: extra ``mpirun`` arguments (MPI only; ignored with a warning).
+        prefix_output_with_timestamp: put a timestamp before every forwarded line.
+
+    Returns:
+        The values ``fn`` returned, as a list ordered by rank.
+
+    Raises:
+        WorkerFailedError: a worker raised or died; names the rank, carries its
+            traceback; the other workers were stopped and the Spark job cancelled.
+        NotEnoughSlotsError: the cluster cannot run ``num_proc`` tasks at once.
+        StartTimeoutError: tasks did not register within ``start_timeout``.
+        RunError: the job could not start for another reason.
+    """
+    launcher = select_launcher(use_mpi, use_gloo, extra_mpi_args)
+    sc = _spark_context()
+    num_proc = sc.defaultParallelism if num_proc is None else int(num_proc)
+    if num_proc < 1:
+        raise ValueError(f"num_proc must be at least 1, got {num_proc}")
+    timeout = _start_timeout(start_timeout)
+    check_slots(sc, num_proc, wait_s=timeout)
+    out = _Output(stdout, stderr)
+    job_id = secrets.token_hex(8)
+    secret = make_secret()
+    code = pickling.pickler().dumps((fn, tuple(args), dict(kwargs or {})))
+    bind, advertised = driver_addresses(sc.getConf().get, sc.master, nics)
+    log = log_to_stderr("spark_dl driver") if verbose >= 2 else None
+    driver = DriverService(secret, num_proc, code, bind, out.write, log=log,
+                           pickler=pickling.describe())
+    kv = KVStoreServer(secret, host=bind[0])
+    try:
+        driver.start()
+        kv_port = kv.start()
+        endpoints = [(host, port) for host, (_, port) in zip(advertised, driver.server.endpoints)]
+        settings = TaskSettings(job_id, secret, endpoints, timeout, nics=list(nics or []) or None,
+                                verbose=verbose, prefix_timestamp=prefix_output_with_timestamp,
+                                kill_grace=KILL_GRACE_S)
+        job = SparkJob(sc, num_proc, TaskMain(settings), f"spark_dl-run-{job_id}",
+                       f"spark_dl.spark.run: {num_proc} workers of {getattr(fn, '__name__', fn)}")
+        if verbose >= 2:
+            out.log(f"job {job_id}: {num_proc} workers ({launcher.name}), driver service at "
+                    f"{endpoints}, rendezvous at {advertised[0]}:{kv_port}")
+        job.start()
+        return _Run(driver, job, launcher, out, verbose, job_id).execute(
+            LaunchContext(job_id, secret, [], endpoints, (advertised[0], kv_port), timeout,
+                          dict(env or {}), {}))
+    finally:
+        kv.stop()
+        driver.stop()
+
+
+class _Run:
+    """The driver thread's part of one job, from registration to the clean-up."""
+
+    def __init__(self, driver: DriverService, job: SparkJob, launcher: Launcher, out: _Output,
+                 verbose: int, job_id: str):
+        self.driver = driver
+        self.job = job
+        self.launcher = launcher
+        self.out = out
+        self.verbose = verbose
+        self.job_id = job_id
+
+    def execute(self, ctx: LaunchContext) -> List[Any]:
+        ok = False
+        try:
+            results = self._run(ctx)
+            ok = True
+            return results
+        finally:
+            if not ok:
+                self._stop(ctx)
+            for client in ctx.tasks.values():
+                client.close()
+
+    def _run(self, ctx: LaunchContext) -> List[Any]:
+        advice = (f"Check that the executors can reach the driver service at "
+                  f"{ctx.driver_endpoints} (firewalls; choose interfaces with nics=), that "
+                  "spark_dl is installed on the executors, and the executor logs of those "
+                  "tasks; a barrier stage also waits until all its slots are free.")
+        try:
+            regs = self.driver.wait_for_registrations(ctx.start_timeout, self.job.problem,
+                                                      advice)
+        except RunError as exc:
+            exc.job_id = self.job_id
+            raise
+        except RuntimeError as exc:
+            raise RunError(f"the workers could not start: {exc}", self.job_id) from None
+        ctx.placements = plan_ranks(regs)
+        ctx.tasks = {r.index: ServiceClient("task", ctx.secret, r.endpoints, timeout=30.0)
+                     for r in regs}
+        self.driver.set_ranks({p.task.index: p.rank for p in ctx.placements})
+        if self.verbose >= 2:
+            for p in ctx.placements:
+                self.out.log(f"rank {p.rank} (local {p.slot.local_rank}/{p.slot.local_size}) "
+                             f"-> task {p.task.index} on {p.task.hostname} "
+                             f"{p.task.endpoints} gpus={p.task.gpus}")
+        self.launcher.start(ctx)
+        failures = self.driver.wait_for_outcome(self.job.problem)
+        if failures:
+            raise self._error(failures)
+        blobs = self.driver.results()
+        ranks = [p.rank for p in ctx.placements]
+        if self.driver.wait_for_exits(ranks, _FINISH_WAIT_S) or not self.job.join(_FINISH_WAIT_S):
+            self.out.log("warning: workers or Spark tasks did not end after returning their "
+                         "results; cancelling the Spark job")
+            self.job.cancel()
+        loads = pickling.pickler().loads
+        return [loads(b) for b in blobs]
+
+    def _error(self, failures: List[Failure]) -> RunError:
+        root = failures[0]
+        others = [f.summary for f in failures[1:]]
+        message = root.summary
+        if root.traceback:
+            message += "\n\nRemote traceback:\n" + root.traceback.rstrip()
+        if others:
+            message += "\n\nAlso failed:\n  " + "\n  ".join(others)
+        if root.rank is None:
+            return RunError(message, self.job_id)
+        error = WorkerFailedError(message, root.rank, root.traceback, root.exit_code,
+                                  [f.summary for f in failures], self.job_id)
+        if root.exception is not None:
+            try:
+                error.__cause__ = pickling.pickler().loads(root.exception)
+            except Exception:
+                pass
+        return error
+
+    def _stop(self, ctx: LaunchContext) -> None:
+        """Stops every worker (bounded), then cancels the Spark job."""
+        start = time.monotonic()
+        self.driver.begin_stop()
+        if ctx.tasks:
+            self.launcher.stop(ctx)
+            left = _STOP_WAIT_S - (time.monotonic() - start)
+            missing = self.driver.wait_for_exits([p.rank for p in ctx.placements],
+                                                 max(left, 0.5))
+            if missing and self.verbose >= 1:
+                self.out.log(f"ranks {missing} did not report their end; cancelling the "
+                             "Spark job stops them")
+        self.job.cancel()
+        if not self.job.join(_CANCEL_WAIT_S) and self.verbose >= 1:
+            self.out.log("the Spark job did not end within "
+                         f"{_CANCEL_WAIT_S:g} s of its cancellation")

@@ -1,0 +1,55 @@
+"""What a task service adds to its worker's environment, beyond the rank variables.
+
+================================  ====================================================
+``SDL_SPARK_DRIVER``              the driver service's endpoints, ``host:port,...``
+``SDL_AVAILABLE_DEVICES``         the GPU addresses Spark assigned to the task
+``CUDA_VISIBLE_DEVICES``          the same, when there are any
+``PYTHONPATH``                    the task's import path (pyspark, ``--py-files``)
+================================  ====================================================
+
+The rank variables themselves (``SDL_RANK`` ... ``SDL_JOB_ID``, without
+``SDL_SECRET_KEY``) come from the driver's launcher, with the user's ``env``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+__all__ = ["DRIVER_VAR", "AVAILABLE_DEVICES_VAR", "format_endpoints", "parse_endpoints",
+           "child_environment"]
+
+DRIVER_VAR = "SDL_SPARK_DRIVER"
+AVAILABLE_DEVICES_VAR = "SDL_AVAILABLE_DEVICES"
+# Executor variables not passed on: pyspark's own worker-factory plumbing, and any
+# secret of an enclosing launcher.
+_NOT_INHERITED_PREFIXES = ("PYTHON_WORKER_FACTORY_",)
+_NOT_INHERITED = {"SDL_SECRET_KEY"}
+
+
+def format_endpoints(endpoints: Sequence[Tuple[str, int]]) -> str:
+    """``host:port,host:port`` (IPv6 hosts in brackets)."""
+    return ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in endpoints)
+
+
+def parse_endpoints(text: str) -> List[Tuple[str, int]]:
+    """Inverse of :func:`format_endpoints`."""
+    result = []
+    for item in filter(None, text.split(",")):
+        host, _, port = item.rpartition(":")
+        result.append((host.strip("[]"), int(port)))
+    return result
+
+
+def child_environment(extra: Mapping[str, str], gpus: Sequence[str]) -> Dict[str, str]:
+    """The executor's environment, the task's import path and GPUs, then ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in _NOT_INHERITED and not k.startswith(_NOT_INHERITED_PREFIXES)}
+    # Spark adds pyspark and --py-files archives to this process's path only.
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in sys.path if p))
+    env[AVAILABLE_DEVICES_VAR] = ",".join(gpus)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    env.update({str(k): str(v) for k, v in extra.items()})
+    return env

@@ -1,0 +1,126 @@
+"""Shared pieces of the ``spark_dl.spark.run`` tests (no tests here).
+
+- :func:`spark_session`: one lean session per test module (local[2] or local-cluster);
+- the functions the workers run (shipped by value, so executors need not import this
+  module);
+- :func:`worker_processes` / :func:`processes_with`: processes still alive here.
+"""
+
+import os
+import re
+import sys
+
+import cloudpickle
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def spark_session(master, **conf):
+    """Creates a session for one test module; the caller stops it."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if ROOT not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + paths)
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master(master)
+               .appName(f"spark_dl-run-tests-{os.getpid()}")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.driver.memory", "1g"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    assert session.sparkContext.master == master, "another module left a session running"
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def processes_with(*needles):
+    """(pid, command line) of live processes whose command line holds every needle."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        if cmd and all(n.encode() in cmd for n in needles):  # zombies have no cmdline
+            found.append((int(pid), cmd.replace(b"\0", b" ").decode(errors="replace")))
+    return found
+
+
+def worker_processes(job_id):
+    """Live worker bootstraps of job ``job_id``."""
+    return processes_with("spark_dl.spark.task.worker", job_id)
+
+
+def _visible(pid, secret):
+    """Whether ``secret`` shows in the command line or start-up environment of ``pid``."""
+    for name in ("cmdline", "environ"):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                if secret.encode() in f.read():
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def topology(tag, scale=1):
+    """Rank facts, an allreduce, output on both streams, and where the secret shows."""
+    import numpy as np
+
+    import spark_dl.numpy as sdl
+    from spark_dl.spark.task import get_available_devices
+
+    sdl.init()
+    rank = sdl.rank()
+    total = sdl.allreduce(np.array([rank + 1.0]), op=sdl.Sum)
+    print(f"hello from rank {rank}")
+    print(f"note from rank {rank}", file=sys.stderr)
+    secret = os.environ["SDL_SECRET_KEY"]
+    task_pid = os.getppid()
+    return {
+        "rank": rank, "size": sdl.size(), "local_rank": sdl.local_rank(),
+        "local_size": sdl.local_size(), "cross_rank": sdl.cross_rank(),
+        "cross_size": sdl.cross_size(), "sum": float(total[0]) * scale, "tag": tag,
+        "env": os.environ.get("SDL_TEST_FLAG"), "devices": get_available_devices(),
+        "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "secret_visible": _visible(os.getpid(), secret) or _visible(task_pid, secret),
+        "task_parent": _parent(task_pid),
+    }
+
+
+def _parent(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(re.sub(r"^.*\) ", "", f.read()).split()[1])
+
+
+def raise_on_rank_1():
+    import time
+
+    import spark_dl.numpy as sdl
+
+    sdl.init()
+    if sdl.rank() == 1:
+        raise ValueError("boom from rank 1")
+    time.sleep(120)  # stopped by run(), long before this ends
+
+
+def sigkill_rank_1():
+    import signal
+    import time
+
+    import numpy as np
+
+    import spark_dl.numpy as sdl
+
+    sdl.init()
+    if sdl.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    sdl.allreduce(np.ones(4), op=sdl.Sum)  # fails: rank 1 is gone
+    time.sleep(120)

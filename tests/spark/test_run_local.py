@@ -1,0 +1,83 @@
+"""``spark_dl.spark.run`` on ``local[2]``: results, failures, fail-fast slot check."""
+
+import io
+import re
+import time
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from spark_dl.spark import run  # noqa: E402
+from spark_dl.spark.run_errors import (MpiNotBuiltError, NotEnoughSlotsError,  # noqa: E402
+                                       WorkerFailedError)
+from test_run_cases import (raise_on_rank_1, sigkill_rank_1, spark_session,  # noqa: E402
+                            topology, worker_processes)
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(120)]
+
+# The issue's bound for a failing worker to end run(); ours is far below it.
+FAILURE_BOUND_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = spark_session("local[2]")
+    yield session
+    session.stop()
+
+
+def test_worker_exception_ends_run_with_rank_and_traceback(spark):
+    err = io.StringIO()
+    start = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        run(raise_on_rank_1, num_proc=2, stderr=err, prefix_output_with_timestamp=True)
+    assert time.monotonic() - start < FAILURE_BOUND_S
+    e = info.value
+    assert e.rank == 1
+    assert "rank 1 raised ValueError: boom from rank 1" in str(e)
+    assert "raise_on_rank_1" in e.remote_traceback and "boom from rank 1" in e.remote_traceback
+    assert isinstance(e.__cause__, ValueError)
+    assert worker_processes(e.job_id) == []
+    # The worker's own traceback reached the driver's stderr, timestamped and prefixed.
+    assert re.search(r"^\d{4}-\d\d-\d\dT[\d:.]+ \[1\]<stderr>: ValueError: boom from rank 1$",
+                     err.getvalue(), re.M)
+
+
+def test_worker_killed_by_sigkill_ends_run(spark):
+    start = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        run(sigkill_rank_1, num_proc=2, stderr=io.StringIO())
+    assert time.monotonic() - start < FAILURE_BOUND_S
+    e = info.value
+    assert e.rank == 1 and e.exit_code == 137 and "SIGKILL" in str(e)
+    assert e.remote_traceback is None
+    assert worker_processes(e.job_id) == []
+
+
+def test_more_workers_than_slots_fails_fast(spark):
+    start = time.monotonic()
+    with pytest.raises(NotEnoughSlotsError, match=r"num_proc=3 exceeds the 2 task slots"):
+        run(topology, args=("x",), num_proc=3)
+    assert time.monotonic() - start < 5
+
+
+def test_mpi_is_refused_clearly(spark):
+    with pytest.raises(MpiNotBuiltError, match="MPI launcher .* is not built yet"):
+        run(topology, args=("x",), use_mpi=True)
+
+
+def test_ranks_allreduce_output_and_results_by_rank(spark):
+    out, err = io.StringIO(), io.StringIO()
+    results = run(topology, args=("t",), kwargs={"scale": 2}, env={"SDL_TEST_FLAG": "on"},
+                  stdout=out, stderr=err)  # num_proc: the default parallelism, 2
+    assert [r["rank"] for r in results] == [0, 1]
+    for rank, r in enumerate(results):
+        assert (r["size"], r["local_rank"], r["local_size"]) == (2, rank, 2)
+        assert (r["cross_rank"], r["cross_size"]) == (0, 1)
+        assert r["sum"] == 6.0 and r["tag"] == "t" and r["env"] == "on"
+        assert r["devices"] == [] and r["cuda"] is None
+        assert r["secret_visible"] is False
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>: hello from rank {rank}\n" in out.getvalue()
+        assert f"[{rank}]<stderr>: note from rank {rank}\n" in err.getvalue()
