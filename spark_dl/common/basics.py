@@ -27,6 +27,9 @@ _TOPOLOGY_VARS = {
     "cross_rank": ("SDL_CROSS_RANK", "HOROVOD_CROSS_RANK", "OMPI_COMM_WORLD_NODE_RANK"),
     "cross_size": ("SDL_CROSS_SIZE", "HOROVOD_CROSS_SIZE"),
 }
+_RENDEZVOUS_VARS = ("SDL_RENDEZVOUS_ADDR", "SDL_RENDEZVOUS_PORT", "SDL_SECRET_KEY",
+                    "SDL_START_TIMEOUT")
+_rendezvous = {}  # kept from the first init; the secret is then removed from os.environ
 _atexit_registered = False
 _homogeneous = True
 _controller = ""  # "gloo" or "mpi" once initialized
@@ -64,6 +67,16 @@ def _topology_from_env(environ):
     if not 0 <= topo["rank"] < topo["size"]:
         raise InvalidArgumentError(f"rank {topo['rank']} is outside size {topo['size']}")
     return topo
+
+
+def _rendezvous_environ(environ):
+    """The launcher's rendezvous variables; the secret leaves os.environ on first use so
+    that processes this worker starts do not inherit it (a later init() still has it)."""
+    if "SDL_SECRET_KEY" in environ:
+        _rendezvous.update({k: environ[k] for k in _RENDEZVOUS_VARS if k in environ})
+        if environ is os.environ:
+            del os.environ["SDL_SECRET_KEY"]
+    return {**environ, **_rendezvous}
 
 
 def _use_mpi(comm, environ, controller):
@@ -132,7 +145,7 @@ def init(comm=None, process_sets=None, **knobs):
         if topo["size"] > 1:
             from spark_dl.runner.kvstore import client_from_env
 
-            client = client_from_env(environ)
+            client = client_from_env(_rendezvous_environ(environ))
             if client is None:
                 if "OMPI_COMM_WORLD_SIZE" in environ or "PMI_SIZE" in environ:
                     raise InvalidArgumentError(
