@@ -22,7 +22,7 @@ Sum = _core.REDUCE_OPS["Sum"]
 Min = _core.REDUCE_OPS["Min"]
 Max = _core.REDUCE_OPS["Max"]
 Product = _core.REDUCE_OPS["Product"]
-Adasum = None  # not supported: passing it raises
+Adasum = -1  # Horovod's Adasum reduction is not supported: passing it raises
 
 OP = _core.OP_TYPES
 _counters = collections.defaultdict(itertools.count)
@@ -81,7 +81,7 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
         finish: ``finish(outputs, ints)`` builds the result from the core's
             DLPack outputs and integer results.
     """
-    if op is None:
+    if op == Adasum:
         from spark_dl.common.exceptions import InvalidArgumentError
 
         raise InvalidArgumentError("Adasum is not supported by spark_dl; use Average or Sum")

@@ -1,0 +1,113 @@
+"""The core in one process: lifecycle errors, knobs, argument checks, size-1 results."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import spark_dl.numpy as sdl
+from spark_dl.common import knobs
+
+
+@pytest.fixture
+def initialized():
+    sdl.init()
+    yield
+    sdl.shutdown()
+
+
+def test_calls_before_init_and_after_shutdown_raise_clearly():
+    sdl.shutdown()
+    with pytest.raises(sdl.NotInitializedError, match="init"):
+        sdl.rank()
+    sdl.init()
+    assert sdl.is_initialized() and sdl.size() == 1
+    h = sdl.allreduce_async(np.ones(3), name="x")
+    assert h.wait(timeout=10).tolist() == [1.0, 1.0, 1.0]
+    sdl.shutdown()
+    assert not sdl.is_initialized()
+    with pytest.raises(sdl.NotInitializedError, match="shut down"):
+        sdl.allreduce(np.ones(3))
+
+
+def test_size_one_results(initialized):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert np.array_equal(sdl.allreduce(x, op=sdl.Sum), x)
+    assert np.array_equal(sdl.allgather(x), x)
+    assert np.array_equal(sdl.broadcast(x, 0), x)
+    out, splits = sdl.alltoall(x)
+    assert np.array_equal(out, x) and splits.tolist() == [2]
+    assert np.array_equal(sdl.reducescatter(x, op=sdl.Sum), x)
+    assert sdl.join() == 0
+    sdl.barrier()
+    assert sdl.transport() == "self"
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: sdl.allreduce(np.ones(2, bool), op=sdl.Sum), "not defined for bool"),
+    (lambda: sdl.allgather(np.float32(1.0)), "at least one dimension"),
+    (lambda: sdl.broadcast(np.ones(2), root_rank=3), "outside the process set"),
+    (lambda: sdl.alltoall(np.ones(4), splits=[3]), "sum to 3 but the first dimension is 4"),
+    (lambda: sdl.alltoall(np.ones(4), splits=[2, 2]), "one split per rank"),
+    (lambda: sdl.allreduce(np.ones(2, np.complex64)), "unsupported tensor dtype"),
+    (lambda: sdl.allreduce(np.ones(2), op=sdl.Adasum), "Adasum"),
+])
+def test_invalid_arguments_raise_before_enqueue(initialized, call, match):
+    with pytest.raises(sdl.InvalidArgumentError, match=match):
+        call()
+    # the runtime is still usable
+    assert sdl.allreduce(np.ones(1), op=sdl.Sum).tolist() == [1.0]
+
+
+def test_duplicate_name_in_flight_single_rank(initialized):
+    sdl.set_knob("cycle_time_ms", 50)
+    first = sdl.allreduce_async(np.ones(2), name="same")
+    try:
+        sdl.allreduce_async(np.ones(2), name="same")
+    except sdl.DuplicateNameError as e:
+        assert "'same' is already in flight" in str(e)
+    first.wait(timeout=10)
+
+
+def test_knob_table_is_the_core_table():
+    table = knobs.table()
+    assert table["fusion_threshold"].env == "SDL_FUSION_THRESHOLD"
+    assert table["fusion_threshold"].default == 128 * 1024 * 1024
+    assert table["cycle_time_ms"].default == 1.0 and table["cycle_time_ms"].tunable
+    assert table["cache_capacity"].default == 1024
+    assert table["timeout_s"].default <= 30
+    assert knobs.value("fusion_threshold", {"SDL_FUSION_THRESHOLD": "42"}) == 42
+    assert "SDL_CYCLE_TIME" in knobs.describe()
+
+
+def test_init_knob_overrides_and_fixed_knobs(initialized):
+    sdl.shutdown()
+    sdl.init(fusion_threshold=0, cache_capacity=0)
+    from spark_dl import _core
+
+    config = dict(_core.config())
+    assert config["fusion_threshold"] == "0" and config["cache_capacity"] == "0"
+    with pytest.raises(sdl.InvalidArgumentError, match="fixed at init"):
+        sdl.set_knob("cache_capacity", 5)
+    with pytest.raises(sdl.InvalidArgumentError, match="unknown knob"):
+        sdl.set_knob("no_such_knob", 1)
+
+
+def test_bad_knob_value_in_environment_names_the_variable():
+    code = "import spark_dl.numpy as s; s.init()"
+    env = dict(os.environ, SDL_CYCLE_TIME="fast")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0
+    assert "SDL_CYCLE_TIME=fast: expected a number" in p.stderr
+
+
+def test_size_without_launcher_is_a_clear_error():
+    code = "import spark_dl.numpy as s; s.init()"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SDL_", "OMPI_", "PMI_"))}
+    env.update(SDL_RANK="0", SDL_SIZE="2")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and "start the job with sdlrun" in p.stderr
