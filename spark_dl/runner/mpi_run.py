@@ -128,6 +128,12 @@ def exported_names(env: Mapping[str, str]) -> List[str]:
                   if _NAME.match(name) and not name.startswith(_MPI_OWN_PREFIXES))
 
 
+def owner_of(arg: str) -> Optional[str]:
+    """The sdlrun option that owns the ``mpirun`` flag ``arg`` (``-np`` -> ``-np``), or
+    ``(always on)``/``(not supported)``; None for a flag that ``--mpi-args`` may pass."""
+    return _OWNED_FLAGS.get(arg.split("=", 1)[0])
+
+
 def split_mpi_args(mpi_args) -> List[str]:
     """``--mpi-args``: a string (split like a shell) or a list; refuses flags that
     sdlrun's own options own.
@@ -143,7 +149,7 @@ def split_mpi_args(mpi_args) -> List[str]:
     else:
         args = [str(a) for a in mpi_args]
     for arg in args:
-        owner = _OWNED_FLAGS.get(arg.split("=", 1)[0])
+        owner = owner_of(arg)
         if owner is not None:
             raise ValueError(f"--mpi-args: {arg} is sdlrun's to set; use sdlrun {owner}"
                              if owner.startswith("-") else
@@ -187,21 +193,38 @@ def mpirun_command(mpirun: str, command: Sequence[str], slots: Sequence[SlotInfo
     return argv + extra + list(command)
 
 
+def failed_rank(mpirun_text: str) -> Optional[Tuple[int, Optional[str], Optional[int]]]:
+    """The rank that ``mpirun``'s messages name as the job's failure.
+
+    Returns:
+        ``(rank, node or None, exit code or None)``, the exit code being 128+N for a
+        rank killed by signal N; None when the messages name no rank.
+    """
+    match = _SIGNALLED.search(mpirun_text)
+    if match:
+        rank, node, signum = match.groups()
+        return int(rank), node, 128 + int(signum)
+    match = _EXITED.search(mpirun_text)
+    if match:
+        rank, rc, node = match.groups()
+        return int(rank), node, int(rc) if rc else None
+    return None
+
+
 def explain_failure(code: int, mpirun_text: str) -> str:
     """One line saying why mpirun failed, from its exit code and its own messages."""
     for needle, hint in _HINTS:
         if needle in mpirun_text:
             return hint
-    match = _SIGNALLED.search(mpirun_text)
-    if match:
-        rank, node, signum = match.groups()
-        return f"rank {rank} on {node} failed with signal {signum}; mpirun stopped the job"
-    match = _EXITED.search(mpirun_text)
-    if match:
-        rank, rc, node = match.groups()
+    failed = failed_rank(mpirun_text)
+    if failed is not None:
+        rank, node, rc = failed
         where = f" on {node}" if node else ""
-        what = f"exit code {rc}" if rc else f"exit code {code}"
-        return f"rank {rank}{where} failed with {what}; mpirun stopped the job"
+        if _SIGNALLED.search(mpirun_text):
+            return (f"rank {rank}{where} failed with signal {rc - 128}; mpirun stopped "
+                    "the job")
+        return (f"rank {rank}{where} failed with exit code {code if rc is None else rc}; "
+                "mpirun stopped the job")
     return f"mpirun failed with exit code {code} (see its messages above)"
 
 

@@ -1,15 +1,11 @@
 """How workers are started once ranks are assigned: one :class:`Launcher` per controller.
 
-- :class:`GlooLauncher` (available): asks each task service to start the worker
-  bootstrap for its rank, with the rank environment; workers meet through the
-  authenticated rendezvous server on the driver.
-- :class:`MpiLauncher` (not built yet): will run ``mpirun`` on the driver with
-  ``-mca plm_rsh_agent`` pointing to a small agent (``python -m
-  spark_dl.spark.mpi_rsh``) that receives the secret on an inherited pipe and asks the
-  task service of the named host (its ``launch`` method with ``command=``) to run
-  ``orted``, so MPI processes live inside the executors and no sshd is needed. Every
-  piece it needs on the task side exists: ``launch(command=...)`` runs an arbitrary
-  argv with the secret on stdin and forwards its output.
+- :class:`GlooLauncher`: asks each task service to start the worker bootstrap for its
+  rank, with the rank environment; workers meet through the authenticated rendezvous
+  server on the driver.
+- :class:`~spark_dl.spark.mpi_launcher.MpiLauncher`: runs ``mpirun`` on the driver with
+  an rsh agent that asks the task service of each host to start ``orted``, so MPI
+  processes live inside the executors and no sshd is needed (see that module).
 """
 
 from __future__ import annotations
@@ -18,15 +14,16 @@ import warnings
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from spark_dl.runner.gloo_run import worker_environment
 from spark_dl.spark.driver.plan import Placement
-from spark_dl.spark.run_errors import MpiNotBuiltError, RunError
+from spark_dl.spark.driver.service import DriverService
+from spark_dl.spark.run_errors import RunError
 from spark_dl.spark.service import Endpoint, ServiceClient
 from spark_dl.spark.task.environment import DRIVER_VAR, format_endpoints
 
-__all__ = ["Launcher", "GlooLauncher", "MpiLauncher", "LaunchContext", "select_launcher"]
+__all__ = ["Launcher", "GlooLauncher", "LaunchContext", "select_launcher", "call_tasks"]
 
 _PARALLEL_CALLS = 32
 
@@ -43,6 +40,13 @@ class LaunchContext:
     start_timeout: float
     user_env: Mapping[str, str]
     tasks: Dict[int, ServiceClient]  # task index -> client of its task service
+    # What a launcher that supervises processes on the driver (MPI) also needs.
+    driver: Optional[DriverService] = None
+    write_output: Optional[Callable[[str, bytes], None]] = None  # (stream, bytes)
+    prefix_timestamp: bool = False
+    verbose: int = 1
+    nics: Optional[Sequence[str]] = None
+    kill_grace: float = 3.0
 
 
 def _for_each(items: Sequence, call) -> List[Optional[BaseException]]:
@@ -58,6 +62,23 @@ def _for_each(items: Sequence, call) -> List[Optional[BaseException]]:
         return []
     with ThreadPoolExecutor(min(_PARALLEL_CALLS, len(items))) as pool:
         return list(pool.map(guarded, items))
+
+
+def call_tasks(ctx: LaunchContext, placements: Sequence[Placement],
+               call: Callable[[Placement], None]) -> None:
+    """Runs ``call(placement)`` for each placement concurrently (each calls that rank's
+    task service).
+
+    Raises:
+        RunError: some failed; one line per failed rank.
+    """
+    errors = _for_each(placements, call)
+    failed = [(p, e) for p, e in zip(placements, errors) if e is not None]
+    if failed:
+        lines = [f"rank {p.rank} (task {p.task.index} on {p.task.hostname}): {e}"
+                 for p, e in failed]
+        raise RunError("could not start the workers through the task services:\n  "
+                       + "\n  ".join(lines), ctx.job_id)
 
 
 class Launcher(ABC):
@@ -98,43 +119,24 @@ class GlooLauncher(Launcher):
             ctx.tasks[placement.task.index].call(
                 "launch", rank=placement.rank, env=self.worker_env(ctx, placement))
 
-        errors = _for_each(ctx.placements, launch)
-        failed = [(p, e) for p, e in zip(ctx.placements, errors) if e is not None]
-        if failed:
-            lines = [f"rank {p.rank} (task {p.task.index} on {p.task.hostname}): {e}"
-                     for p, e in failed]
-            raise RunError("could not start the workers through the task services:\n  "
-                           + "\n  ".join(lines), ctx.job_id)
-
-
-class MpiLauncher(Launcher):
-    """``mpirun`` through the task services (see the module docstring); not built yet."""
-
-    name = "mpi"
-
-    def __init__(self, extra_mpi_args: Optional[str] = None):
-        raise MpiNotBuiltError(
-            "spark_dl.spark.run(use_mpi=True): the MPI launcher of spark_dl.spark.run "
-            "(mpirun reaching the executors through the task services) is not built yet in "
-            "this version; run with Gloo (use_mpi=None or False, the default), or use "
-            "sdlrun --mpi outside Spark")
-
-    def start(self, ctx: LaunchContext) -> None:  # pragma: no cover - not constructible
-        raise MpiNotBuiltError("MPI launcher not built")
+        call_tasks(ctx, ctx.placements, launch)
 
 
 def select_launcher(use_mpi: Optional[bool], use_gloo: Optional[bool],
                     extra_mpi_args: Optional[str] = None) -> Launcher:
     """Picks the launcher: an explicit choice, else Gloo (Horovod prefers MPI when it is
-    built; here Gloo is the only launcher built for Spark).
+    built; here Gloo, which needs nothing outside spark_dl, is the default).
 
     Raises:
-        ValueError: both or neither explicitly chosen.
-        MpiNotBuiltError: MPI asked for (this build has no MPI).
+        ValueError: both or neither explicitly chosen; bad ``extra_mpi_args``.
+        MpiNotBuiltError: MPI asked for, but there is no Open MPI ``mpirun`` on the
+            driver, or spark_dl was built without MPI.
     """
     if use_mpi and use_gloo:
         raise ValueError("use_mpi and use_gloo are mutually exclusive")
     if use_mpi or (use_gloo is False and use_mpi is None):
+        from spark_dl.spark.mpi_launcher import MpiLauncher
+
         return MpiLauncher(extra_mpi_args)
     if use_mpi is False and use_gloo is False:
         raise ValueError("use_mpi=False and use_gloo=False leave no way to start the workers")

@@ -54,4 +54,5 @@ class StartTimeoutError(RunError, TimeoutError):
 
 
 class MpiNotBuiltError(NotImplementedError):
-    """``use_mpi=True`` was asked for, but spark_dl's MPI support is not built yet."""
+    """``use_mpi=True`` was asked for, but MPI cannot be used from here: Open MPI's
+    ``mpirun`` is not on the driver's ``PATH``, or spark_dl was built without MPI."""

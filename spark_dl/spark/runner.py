@@ -6,8 +6,10 @@ The flow (see ``docs/spark.md``):
 2. Start the driver service and the rendezvous server (fresh secret per job).
 3. Submit one barrier-mode Spark job of ``num_proc`` tasks; each starts a task service
    and registers (index, host, endpoints, GPUs).
-4. Assign ranks grouped by host; the launcher starts one worker per task through the
-   task services; workers fetch the function, run it and post results or exceptions.
+4. Assign ranks grouped by host; the launcher starts the workers through the task
+   services (Gloo: one per task; MPI: ``mpirun`` on the driver, one ``orted`` per host
+   started through a task service); workers fetch the function, run it and post results
+   or exceptions.
 5. Return the results ordered by rank; on any failure stop every worker, cancel the
    Spark job and raise, naming the rank and carrying its traceback.
 """
@@ -116,8 +118,9 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         nics: network interfaces the services bind to (driver and executors), e.g.
             ``["eth0"]``; default: the address Spark's driver uses, and each executor's
             address on the route to it.
-        use_mpi, use_gloo: the controller; only Gloo is built (``use_mpi=True`` raises
-            :class:`~spark_dl.spark.run_errors.MpiNotBuiltError`).
+        use_mpi, use_gloo: the controller: Gloo by default; ``use_mpi=True`` (or
+            ``use_gloo=False``) launches through Open MPI's ``mpirun`` on the driver
+            (:mod:`spark_dl.spark.mpi_launcher`).
         extra_mpi_args: extra ``mpirun`` arguments (MPI only; ignored with a warning).
         prefix_output_with_timestamp: put a timestamp before every forwarded line.
 
@@ -128,6 +131,8 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         WorkerFailedError: a worker raised or died; names the rank, carries its
             traceback; the other workers were stopped and the Spark job cancelled.
         NotEnoughSlotsError: the cluster cannot run ``num_proc`` tasks at once.
+        MpiNotBuiltError: ``use_mpi=True`` without Open MPI's ``mpirun`` on the driver,
+            or with a spark_dl build without MPI.
         StartTimeoutError: tasks did not register within ``start_timeout``.
         RunError: the job could not start for another reason.
     """
@@ -162,7 +167,9 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         job.start()
         return _Run(driver, job, launcher, out, verbose, job_id).execute(
             LaunchContext(job_id, secret, [], endpoints, (advertised[0], kv_port), timeout,
-                          dict(env or {}), {}))
+                          dict(env or {}), {}, driver=driver, write_output=out.write,
+                          prefix_timestamp=prefix_output_with_timestamp, verbose=verbose,
+                          nics=list(nics or []) or None, kill_grace=KILL_GRACE_S))
     finally:
         kv.stop()
         driver.stop()

@@ -3,17 +3,23 @@
 - :func:`spark_session`: one lean session per test module (local[2] or local-cluster);
 - the functions the workers run (shipped by value, so executors need not import this
   module);
-- :func:`worker_processes` / :func:`processes_with`: processes still alive here.
+- :func:`worker_processes` / :func:`processes_with`: processes still alive here;
+- :func:`expect_worker_failure`, :func:`check_two_ranks_one_host`: checks that every
+  controller's tests share.
 """
 
 import os
 import re
 import sys
+import time
 
 import cloudpickle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# The issue's bound for a failing worker to end run(); ours is far below it.
+FAILURE_BOUND_S = 30.0
 
 
 def spark_session(master, **conf):
@@ -70,6 +76,25 @@ def _visible(pid, secret):
     return False
 
 
+def _job_secret():
+    """The job secret, as this worker's bootstrap got it (read before ``init()``, which
+    takes it out of ``os.environ``; MPI workers never put it there)."""
+    if "SDL_SECRET_KEY" in os.environ:
+        return os.environ["SDL_SECRET_KEY"]
+    from spark_dl.spark.handover import HANDOVER_VAR, fetch_handover
+
+    return fetch_handover(os.environ[HANDOVER_VAR])["secret"]
+
+
+def _job_processes():
+    """This machine's processes of the running job: workers (their command lines hold
+    the job id), and any mpirun, orted and rsh agent."""
+    found = {}
+    for needle in (os.environ["SDL_JOB_ID"], "orted", "mpirun", "spark_dl.spark.rsh_agent"):
+        found.update(processes_with(needle))
+    return found
+
+
 def topology(tag, scale=1):
     """Rank facts, an allreduce, output on both streams, and where the secret shows."""
     import numpy as np
@@ -77,13 +102,14 @@ def topology(tag, scale=1):
     import spark_dl.numpy as sdl
     from spark_dl.spark.task import get_available_devices
 
+    secret = _job_secret()
     sdl.init()
     rank = sdl.rank()
     total = sdl.allreduce(np.array([rank + 1.0]), op=sdl.Sum)
     print(f"hello from rank {rank}")
     print(f"note from rank {rank}", file=sys.stderr)
-    secret = os.environ["SDL_SECRET_KEY"]
     task_pid = os.getppid()
+    job = _job_processes()
     return {
         "rank": rank, "size": sdl.size(), "local_rank": sdl.local_rank(),
         "local_size": sdl.local_size(), "cross_rank": sdl.cross_rank(),
@@ -91,6 +117,9 @@ def topology(tag, scale=1):
         "env": os.environ.get("SDL_TEST_FLAG"), "devices": get_available_devices(),
         "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "secret_visible": _visible(os.getpid(), secret) or _visible(task_pid, secret),
+        "secret_visible_in_job": [cmd for pid, cmd in job.items() if _visible(pid, secret)],
+        "job_processes": len(job), "job_id": os.environ["SDL_JOB_ID"],
+        "mpi": sdl.mpi_enabled(),
         "task_parent": _parent(task_pid),
     }
 
@@ -124,3 +153,35 @@ def sigkill_rank_1():
         os.kill(os.getpid(), signal.SIGKILL)
     sdl.allreduce(np.ones(4), op=sdl.Sum)  # fails: rank 1 is gone
     time.sleep(120)
+
+
+# ---- checks shared by the Gloo and MPI tests (run on the driver) ---------------------
+
+def expect_worker_failure(fn, **run_kwargs):
+    """Runs ``fn`` through ``spark_dl.spark.run``; returns the WorkerFailedError it must
+    raise within :data:`FAILURE_BOUND_S`."""
+    import pytest
+
+    from spark_dl.spark import run
+    from spark_dl.spark.run_errors import WorkerFailedError
+
+    start = time.monotonic()
+    with pytest.raises(WorkerFailedError) as info:
+        run(fn, **run_kwargs)
+    assert time.monotonic() - start < FAILURE_BOUND_S
+    return info.value
+
+
+def check_two_ranks_one_host(results, out, err, total, tag):
+    """Two ranks of :func:`topology` on one host: topology, allreduce ``total``, output,
+    and the secret nowhere in the job's command lines and start-up environments."""
+    assert [r["rank"] for r in results] == [0, 1], err
+    for rank, r in enumerate(results):
+        assert (r["size"], r["local_rank"], r["local_size"]) == (2, rank, 2)
+        assert (r["cross_rank"], r["cross_size"]) == (0, 1)
+        assert r["sum"] == total and r["tag"] == tag
+        assert r["secret_visible"] is False and r["secret_visible_in_job"] == []
+    for rank in (0, 1):
+        assert f"[{rank}]<stdout>: hello from rank {rank}\n" in out
+        if err is not None:
+            assert f"[{rank}]<stderr>: note from rank {rank}\n" in err

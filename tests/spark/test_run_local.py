@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from spark_dl.spark import run  # noqa: E402
-from spark_dl.spark.run_errors import (MpiNotBuiltError, NotEnoughSlotsError,  # noqa: E402
+from spark_dl.spark.run_errors import (NotEnoughSlotsError,  # noqa: E402
                                        WorkerFailedError)
 from test_run_cases import (raise_on_rank_1, sigkill_rank_1, spark_session,  # noqa: E402
                             topology, worker_processes)
@@ -60,11 +60,6 @@ def test_more_workers_than_slots_fails_fast(spark):
     with pytest.raises(NotEnoughSlotsError, match=r"num_proc=3 exceeds the 2 task slots"):
         run(topology, args=("x",), num_proc=3)
     assert time.monotonic() - start < 5
-
-
-def test_mpi_is_refused_clearly(spark):
-    with pytest.raises(MpiNotBuiltError, match="MPI launcher .* is not built yet"):
-        run(topology, args=("x",), use_mpi=True)
 
 
 def test_ranks_allreduce_output_and_results_by_rank(spark):

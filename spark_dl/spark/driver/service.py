@@ -7,8 +7,8 @@ It runs in the Spark driver for the duration of one :func:`spark_dl.spark.run`. 
 ``register``      a task service announces itself: index, host hash, endpoints, GPUs
 ``task_failed``   a task's own code failed (before or while hosting its worker)
 ``ping``          a task service asks whether to keep going (``{"stop": bool}``)
-``code``          a worker fetches the pickled ``(fn, args, kwargs)`` (and which
-                  pickler made it)
+``code``          a worker fetches the pickled ``(fn, args, kwargs)``, which pickler made
+                  it, and the variables to set in-process before running it (MPI path)
 ``result``        a worker posts its pickled return value
 ``error``         a worker posts its exception: summary, traceback, pickled exception
 ``output``        a task service forwards rank-prefixed worker output
@@ -16,7 +16,9 @@ It runs in the Spark driver for the duration of one :func:`spark_dl.spark.run`. 
 ================  =====================================================================
 
 The driver thread waits on this object (:meth:`DriverService.wait_for_registrations`,
-:meth:`DriverService.wait_for_outcome`); handlers only record and notify.
+:meth:`DriverService.wait_for_outcome`); handlers only record and notify. On the MPI path
+the launcher, not the task services, learns how the ranks' processes ended (from
+``mpirun``) and reports it with :meth:`DriverService.job_ended`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from spark_dl.spark.run_errors import StartTimeoutError
 from spark_dl.spark.service import Endpoint, ServiceServer
@@ -36,6 +38,9 @@ _CONSEQUENCES = ("PeerFailureError", "ShutdownError", "HorovodInternalError")
 # After the first failure, wait this long for the other ranks' reports, so the root
 # cause (e.g. a killed rank) wins over its consequences (peers that lost it).
 SETTLE_S = 1.0
+# While the only failures are consequences, wait up to this long for their cause: on MPI
+# a killed rank is known only once mpirun has stopped the job (about 1-2 s later).
+CONSEQUENCE_SETTLE_S = 6.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,7 @@ class DriverService:
                  log: Optional[Callable[[str], None]] = None, pickler: str = ""):
         self.num_proc = num_proc
         self._code = {"function": code, "pickler": pickler}
+        self._worker_env: Dict[int, Dict[str, str]] = {}
         self._write_output = write_output
         self._cond = threading.Condition()
         self._registrations: Dict[int, Registration] = {}
@@ -108,6 +114,7 @@ class DriverService:
         self._errors: set = set()  # ranks that posted an exception
         self._failures: List[Failure] = []
         self._stopping = False
+        self._ended = False  # the launcher reported that every rank's process ended
         self.server = ServiceServer("driver", secret, {
             "register": self._register, "task_failed": self._task_failed,
             "ping": self._ping, "code": self._get_code, "result": self._result,
@@ -161,11 +168,11 @@ class DriverService:
 
     def _ping(self, index: int) -> dict:
         with self._cond:
-            return {"stop": self._stopping}
+            return {"stop": self._stopping or self._ended}
 
     def _get_code(self, rank: int) -> dict:
         self._check_rank(rank)
-        return self._code
+        return {**self._code, "env": self._worker_env.get(rank, {})}
 
     def _result(self, rank: int, value: bytes) -> None:
         self._check_rank(rank)
@@ -247,19 +254,60 @@ class DriverService:
                 self._cond.wait(min(left, 0.1))
             return [self._registrations[i] for i in range(self.num_proc)]
 
+    def set_worker_env(self, env_of: Mapping[int, Mapping[str, str]]) -> None:
+        """Per rank, variables its bootstrap sets in-process before running the function
+        (MPI path: one ``orted`` starts every rank of a host with one environment)."""
+        with self._cond:
+            self._worker_env = {int(r): dict(env) for r, env in env_of.items()}
+
+    def job_ended(self, code: int, failure: Optional[Failure] = None) -> None:
+        """The launcher reports that every rank's process ended (MPI: ``mpirun`` exited
+        with ``code``) and the failure it identified (e.g. the rank ``mpirun`` names).
+
+        A failure naming a rank that posted its result or exception is dropped (that
+        rank's own report says more). Ranks that posted neither fail the job, unless a
+        failure that is not a mere consequence is known already. Task services learn from
+        their next ping that the job is over.
+        """
+        with self._cond:
+            self._ended = True
+            for rank in range(self.num_proc):
+                self._exits.setdefault(rank, code)
+            missing = [r for r in range(self.num_proc)
+                       if r not in self._results and r not in self._errors]
+            if failure is not None and failure.rank is not None and failure.rank not in missing:
+                failure = None
+            if failure is not None:
+                self._fail(failure)
+            elif missing and all(f.priority >= 3 for f in self._failures):
+                what = f"ended with {describe_exit(code)}" if code else "ended"
+                self._fail(Failure(1, f"the workers' job {what} before ranks {missing} "
+                                      "returned a result", rank=missing[0],
+                                   exit_code=0 if code == 0 else None))
+            elif code != 0 and not missing and not self._stopping:
+                self._write_output("stderr", (
+                    "spark_dl.spark.run: warning: every rank returned its result but the "
+                    f"workers' job then ended with {describe_exit(code)}\n").encode())
+            self._cond.notify_all()
+
     def set_ranks(self, rank_of: Dict[int, int]) -> None:
         """Freezes registration: from now on a re-registering task fails the job."""
         with self._cond:
             self._rank_of = dict(rank_of)
 
     def wait_for_outcome(self, problem: Callable[[], Optional[str]],
-                         settle_s: float = SETTLE_S) -> List[Failure]:
+                         settle_s: float = SETTLE_S,
+                         consequence_settle_s: float = CONSEQUENCE_SETTLE_S) -> List[Failure]:
         """Waits until every rank posted a result (returns []) or something failed
-        (returns the failures, root cause first, after ``settle_s`` for the others)."""
+        (returns the failures, root cause first, after ``settle_s`` for the others, or
+        ``consequence_settle_s`` while every failure is a consequence of another), or
+        until every rank's end is known."""
         with self._cond:
             while True:
                 if self._failures:
-                    settled = time.monotonic() >= self._failures[0].at + settle_s
+                    wait = (consequence_settle_s
+                            if all(f.priority >= 3 for f in self._failures) else settle_s)
+                    settled = time.monotonic() >= self._failures[0].at + wait
                     accounted = all(r in self._exits for r in range(self.num_proc))
                     if settled or accounted:
                         return sorted(self._failures, key=lambda f: (f.priority, f.at))

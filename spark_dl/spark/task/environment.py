@@ -9,6 +9,20 @@
 
 The rank variables themselves (``SDL_RANK`` ... ``SDL_JOB_ID``, without
 ``SDL_SECRET_KEY``) come from the driver's launcher, with the user's ``env``.
+
+On the MPI path the task that hosts its host's MPI daemon (``orted``) starts it with the
+executor's environment, the import path, ``SDL_SPARK_DRIVER`` and ``SDL_HOST_ID`` (from
+the launcher), and:
+
+================================  ====================================================
+``SDL_SPARK_HANDOVER``            where the daemon's ranks fetch the secret (see
+                                  :mod:`spark_dl.spark.handover`)
+``SDL_SPARK_PYTHON``              this task's interpreter, which runs the ranks'
+                                  bootstrap
+================================  ====================================================
+
+Each rank's own GPUs (``SDL_AVAILABLE_DEVICES``, ``CUDA_VISIBLE_DEVICES``) are set by its
+bootstrap in-process, from the driver.
 """
 
 from __future__ import annotations
@@ -17,11 +31,12 @@ import os
 import sys
 from typing import Dict, List, Mapping, Sequence, Tuple
 
-__all__ = ["DRIVER_VAR", "AVAILABLE_DEVICES_VAR", "format_endpoints", "parse_endpoints",
-           "child_environment"]
+__all__ = ["DRIVER_VAR", "AVAILABLE_DEVICES_VAR", "PYTHON_VAR", "format_endpoints",
+           "parse_endpoints", "child_environment", "device_environment"]
 
 DRIVER_VAR = "SDL_SPARK_DRIVER"
 AVAILABLE_DEVICES_VAR = "SDL_AVAILABLE_DEVICES"
+PYTHON_VAR = "SDL_SPARK_PYTHON"
 # Executor variables not passed on: pyspark's own worker-factory plumbing, and any
 # secret of an enclosing launcher.
 _NOT_INHERITED_PREFIXES = ("PYTHON_WORKER_FACTORY_",)
@@ -48,8 +63,14 @@ def child_environment(extra: Mapping[str, str], gpus: Sequence[str]) -> Dict[str
            if k not in _NOT_INHERITED and not k.startswith(_NOT_INHERITED_PREFIXES)}
     # Spark adds pyspark and --py-files archives to this process's path only.
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in sys.path if p))
-    env[AVAILABLE_DEVICES_VAR] = ",".join(gpus)
+    env.update(device_environment(gpus))
+    env.update({str(k): str(v) for k, v in extra.items()})
+    return env
+
+
+def device_environment(gpus: Sequence[str]) -> Dict[str, str]:
+    """``SDL_AVAILABLE_DEVICES``, and ``CUDA_VISIBLE_DEVICES`` when there are GPUs."""
+    env = {AVAILABLE_DEVICES_VAR: ",".join(gpus)}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    env.update({str(k): str(v) for k, v in extra.items()})
     return env

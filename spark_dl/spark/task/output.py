@@ -1,4 +1,4 @@
-"""Worker output, from a task service to the driver.
+"""Worker output, from a task service to the driver (and an MPI daemon's, to its agent).
 
 The runner's :class:`~spark_dl.runner.output.OutputForwarder` reads the worker's pipes and
 writes whole, rank-prefixed lines to two binary sinks; here those sinks queue the bytes
@@ -6,32 +6,39 @@ for a sender thread that ships them to the driver service's ``output`` method, b
 what accumulated meanwhile. The queue is bounded: a slow driver slows the forwarder, which
 stops reading the pipes, which blocks the worker's writes (nothing is held unbounded).
 Once the driver is unreachable, output is dropped rather than blocking the worker.
+
+An MPI daemon (``orted``) writes little of its own (its ranks' output travels to
+``mpirun`` over MPI's own channel): a :class:`DaemonOutput` keeps it for the rsh agent,
+which fetches it and writes it to ``mpirun``, as ssh would.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Callable, Optional, Tuple
+import time
+from typing import Callable, Dict, Optional, Tuple
 
 from spark_dl.runner.output import OutputForwarder
 
-__all__ = ["DriverOutput", "TaskOutputForwarder"]
+__all__ = ["StreamSink", "DriverOutput", "TaskOutputForwarder", "DaemonOutput"]
 
 _BATCH_BYTES = 1 << 20
+# Bytes of daemon output kept per stream while its agent does not fetch them.
+_DAEMON_KEEP = 1 << 20
 _QUEUE_ITEMS = 256
 _END = ("", b"")
 
 
-class _Sink:
-    """A binary stream (``write``/``flush``) feeding one named stream of a DriverOutput."""
+class StreamSink:
+    """A binary stream (``write``/``flush``) passing what it gets to ``put(name, data)``."""
 
-    def __init__(self, owner: "DriverOutput", name: str):
-        self._owner = owner
+    def __init__(self, put: Callable[[str, bytes], None], name: str):
+        self._put = put
         self._name = name
 
     def write(self, data: bytes) -> int:
-        self._owner.put(self._name, bytes(data))
+        self._put(self._name, bytes(data))
         return len(data)
 
     def flush(self) -> None:
@@ -53,8 +60,8 @@ class DriverOutput:
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="sdl-task-output", daemon=True)
         self._thread.start()
-        self.stdout = _Sink(self, "stdout")
-        self.stderr = _Sink(self, "stderr")
+        self.stdout = StreamSink(self.put, "stdout")
+        self.stderr = StreamSink(self.put, "stderr")
 
     def put(self, stream: str, data: bytes) -> None:
         if data and not self._broken and not self._closed:
@@ -101,12 +108,63 @@ class DriverOutput:
 
 class TaskOutputForwarder(OutputForwarder):
     """The runner's forwarder, minus its ``sdlrun:`` messages: the driver reports worker
-    failures itself, with rank and host (shown with ``verbose >= 2`` for diagnosis)."""
+    failures itself, with rank and host (shown with ``verbose >= 2`` for diagnosis, as
+    ``<label>: ...``)."""
 
-    def __init__(self, *args, show_launcher_messages: bool = False, **kwargs):
+    def __init__(self, *args, show_launcher_messages: bool = False,
+                 label: str = "spark_dl task service", **kwargs):
         super().__init__(*args, **kwargs)
         self._show = show_launcher_messages
+        self._label = label
 
     def log(self, name: str, text: str) -> None:
         if self._show:
-            super().log(name, text.replace("sdlrun: ", "spark_dl task service: ", 1))
+            super().log(name, text.replace("sdlrun: ", f"{self._label}: ", 1))
+
+
+class DaemonOutput:
+    """An MPI daemon's output and exit code, waiting for its agent to fetch them.
+
+    Bounded: past :data:`_DAEMON_KEEP` unfetched bytes a stream keeps its newest bytes
+    (an agent that went away must not make the daemon block on its pipes).
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._data: Dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        self.exit_code: Optional[int] = None
+        self.end_fetched = threading.Event()  # the agent has the exit code
+        self.stdout = StreamSink(self.put, "stdout")
+        self.stderr = StreamSink(self.put, "stderr")
+
+    def put(self, stream: str, data: bytes) -> None:
+        with self._cond:
+            buf = self._data[stream]
+            buf += data
+            del buf[:-_DAEMON_KEEP]
+            self._cond.notify_all()
+
+    def finish(self, code: int) -> None:
+        """The daemon ended with ``code`` (its output is complete)."""
+        with self._cond:
+            self.exit_code = code
+            self._cond.notify_all()
+
+    def fetch(self, wait_s: float) -> dict:
+        """Waits up to ``wait_s`` for output or the end; returns and forgets what came:
+        ``{"stdout": bytes, "stderr": bytes, "exit_code": int or None}``. Once the exit
+        code is set, the output returned with it is the last."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while not any(self._data.values()) and self.exit_code is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            answer = {name: bytes(buf) for name, buf in self._data.items()}
+            for buf in self._data.values():
+                buf.clear()
+            answer["exit_code"] = self.exit_code
+            if self.exit_code is not None:
+                self.end_fetched.set()
+            return answer

@@ -8,12 +8,22 @@ own, with the rank environment (``SDL_RANK`` ... without the secret) and
    thread: end of file means the task service is gone or stopping the worker, and the
    worker then kills its whole process group (itself and whatever ``fn`` started);
 2. puts the secret into this process's ``os.environ`` as ``SDL_SECRET_KEY``, where
-   ``spark_dl``'s ``init()`` reads it. Changing the environment in-process does not
-   change what ``ps e`` or ``/proc/<pid>/environ`` show (the environment the process
-   was started with); processes ``fn`` itself starts do inherit it;
+   ``spark_dl``'s ``init()`` reads it (and removes it, so that processes ``fn`` starts
+   afterwards do not inherit it). Changing the environment in-process does not change
+   what ``ps e`` or ``/proc/<pid>/environ`` show (the environment the process was
+   started with);
 3. fetches the pickled ``(fn, args, kwargs)`` from the driver, runs it, and posts the
    pickled return value, or the exception (type, summary, traceback, and the pickled
    exception when it pickles); exits 0 after a result, 1 after an exception.
+
+On the MPI path (``--mpi``, no ``--rank``) it is started by ``orted`` instead, with
+``SDL_CONTROLLER=mpi``: the rank is MPI's (``OMPI_COMM_WORLD_RANK``); the secret comes
+from the task's :class:`~spark_dl.spark.handover.SecretHandover` (its stdin is not a pipe
+from the task) and stays out of ``os.environ`` (MPI's ``init()`` needs none); the
+variables of its own task (its GPUs) come with the function and are set in-process
+before it is loaded; it kills its process group when its parent (``orted``) is gone;
+and after an exception it exits at once, without ``MPI_Finalize`` (which would wait for
+ranks that may never finalize), so that ``mpirun`` stops the job.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import List, Optional
 
@@ -33,6 +44,8 @@ from spark_dl.spark.task.environment import DRIVER_VAR, parse_endpoints
 __all__ = ["main"]
 
 _MAX_SECRET_LINE = 1024
+_MPI_RANK_VAR = "OMPI_COMM_WORLD_RANK"
+_PARENT_POLL_S = 0.5
 
 
 def _read_secret() -> str:
@@ -59,6 +72,28 @@ def _watch_stdin() -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="sdl-stdin-watch", daemon=True).start()
+
+
+def _watch_parent() -> None:
+    """MPI: ``orted`` (the parent) gone means the job is gone: so is everything here."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_PARENT_POLL_S)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="sdl-parent-watch", daemon=True).start()
+
+
+def _mpi_secret() -> str:
+    from spark_dl.spark.handover import HANDOVER_VAR, fetch_handover
+
+    address = os.environ.get(HANDOVER_VAR)
+    if not address:
+        raise SystemExit(f"spark_dl worker: no {HANDOVER_VAR} (this program is started by "
+                         "orted under a spark_dl task service)")
+    return fetch_handover(address)["secret"]
 
 
 def _load_function(pickler, code: dict):
@@ -94,16 +129,26 @@ def _report_error(client: ServiceClient, rank: int, exc: BaseException) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="spark_dl.spark.task.worker")
     parser.add_argument("--job", required=True)
-    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--rank", type=int)
+    parser.add_argument("--mpi", action="store_true", help="started by orted")
     args = parser.parse_args(argv)
-    secret_hex = _read_secret()
-    _watch_stdin()
-    os.environ["SDL_SECRET_KEY"] = secret_hex
+    if args.mpi:
+        _watch_parent()
+        args.rank = int(os.environ[_MPI_RANK_VAR])
+        secret_hex = _mpi_secret()
+    elif args.rank is None:
+        parser.error("--rank is required without --mpi")
+    else:
+        secret_hex = _read_secret()
+        _watch_stdin()
+    if not args.mpi:
+        os.environ["SDL_SECRET_KEY"] = secret_hex  # for init()'s rendezvous (Gloo only)
     client = ServiceClient("driver", bytes.fromhex(secret_hex),
                            parse_endpoints(os.environ[DRIVER_VAR]), timeout=60.0)
     pickler = pickling.pickler()
     code = client.call("code", rank=args.rank)
     client.close()  # no idle connection to the driver while fn runs (it reconnects)
+    os.environ.update(code.get("env") or {})
     try:
         fn, fn_args, fn_kwargs = _load_function(pickler, code)
         value = pickler.dumps(fn(*fn_args, **fn_kwargs))
@@ -112,6 +157,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(_format(exc))
         sys.stderr.flush()
         _report_error(client, args.rank, exc)
+        if args.mpi:
+            # Skip MPI_Finalize (at exit): it waits for every rank, and the others may
+            # never get there. Exiting without it makes mpirun stop the job at once.
+            os._exit(1)
         return 1
     sys.stdout.flush()
     sys.stderr.flush()
