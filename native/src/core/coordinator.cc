@@ -229,6 +229,10 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
       }
       continue;
     }
+    if (members[0].op != OpType::kAllreduce) {  // only allreduce fuses; the rest run in turn
+      for (Response& m : members) ready.push_back(std::move(m));
+      continue;
+    }
     Response merged = members[0];
     for (size_t i = 1; i < members.size(); ++i) {
       merged.names.push_back(members[i].names[0]);
@@ -260,7 +264,7 @@ std::vector<Response> MergeGroups(std::vector<Response> ready) {
   std::vector<Response> out;
   std::map<std::string, size_t> at;
   for (Response& r : ready) {
-    if (r.group.empty()) {
+    if (r.group.empty() || r.op != OpType::kAllreduce) {
       out.push_back(std::move(r));
       continue;
     }

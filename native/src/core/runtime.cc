@@ -337,6 +337,14 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out) 
   }
   for (int64_t d : req.shape)
     if (d < 0) throw Error(ErrorCode::kInvalidArgument, "negative dimension in '" + req.name + "'");
+  if (tensor_op && in == nullptr && req.NumElements() > 0)
+    throw Error(ErrorCode::kInvalidArgument, std::string(OpTypeName(req.op)) + " of '" + req.name +
+                                                 "' has no input tensor");
+  if ((req.op == OpType::kAllreduce || req.op == OpType::kBroadcast) && out == nullptr &&
+      req.NumElements() > 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(OpTypeName(req.op)) + " of '" + req.name +
+                    "' needs an output tensor (pass the input again to work in place)");
   int64_t h;
   {
     std::lock_guard<std::mutex> lk(ps->mu);
@@ -529,6 +537,19 @@ bool Runtime::Cycle(ProcessSet& ps, bool world) {
   return false;
 }
 
+void Runtime::WaitForWork(bool busy) {
+  Config cfg = config();
+  // While tensors wait for slower ranks, cycle more often: their arrival is
+  // only seen through negotiation.
+  double wait_ms = busy ? std::min(cfg.cycle_time_ms, 0.1) : cfg.cycle_time_ms;
+  {
+    std::unique_lock<std::mutex> lk(wake_mu_);
+    wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(wait_ms),
+                      [this] { return work_; });
+    work_ = false;
+  }
+}
+
 void Runtime::Loop() {
   ErrorCode code = ErrorCode::kShutdown;
   std::string message;
@@ -539,16 +560,7 @@ void Runtime::Loop() {
         std::lock_guard<std::mutex> lk(sets_mu_);
         for (auto& [id, ps] : active_) busy |= !ps->pending.empty() || ps->joined;
       }
-      {
-        Config cfg = config();
-        // While tensors wait for slower ranks, cycle more often: their arrival
-        // is only seen through negotiation.
-        double wait_ms = busy ? std::min(cfg.cycle_time_ms, 0.1) : cfg.cycle_time_ms;
-        std::unique_lock<std::mutex> lk(wake_mu_);
-        wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(wait_ms),
-                          [this] { return work_; });
-        work_ = false;
-      }
+      WaitForWork(busy);
       std::shared_ptr<ProcessSet> world = FindSet(0);
       if (Cycle(*world, true)) break;
       std::vector<std::shared_ptr<ProcessSet>> sets;

@@ -110,6 +110,7 @@ class Runtime {
   // One negotiation cycle of one set; returns true when the ranks agreed to stop.
   bool Cycle(ProcessSet& ps, bool world);
   void Intake(ProcessSet& ps);
+  void WaitForWork(bool busy);
   void Execute(ProcessSet& ps, const Response& r, bool from_cache);
   void Finish(ProcessSet& ps, const std::string& name, Result result);
   void ExecAllreduce(ProcessSet& ps, const Response& r);

@@ -1,0 +1,425 @@
+"""The core's collectives on torch tensors: the asynchronous forms.
+
+Every function here enqueues its work and returns a
+:class:`~spark_dl.common.handles.Handle`; ``synchronize(handle)`` returns the
+result as torch tensors. Tensors reach the core through DLPack: a contiguous
+CPU tensor is read (and, for the in-place forms, written) in its own memory;
+any other layout goes through a contiguous copy, copied back for in-place
+forms when the operation finishes. Results whose size is known only after
+negotiation (allgather, alltoall, reducescatter) are the core's own buffers,
+wrapped without a copy.
+
+The blocking and autograd-aware forms are in :mod:`spark_dl.torch.mpi_ops`.
+"""
+
+import time
+
+import torch
+
+from spark_dl.common import ops as _ops
+from spark_dl.common.basics import rank as _global_rank
+from spark_dl.common.basics import size as _global_size
+from spark_dl.common.exceptions import InvalidArgumentError, OpTimeoutError
+from spark_dl.common.handles import Handle
+from spark_dl.common.process_sets import global_process_set
+
+__all__ = [
+    "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "sparse_allreduce_async", "allgather_async", "grouped_allgather_async", "broadcast_async",
+    "broadcast_async_", "alltoall_async", "reducescatter_async", "grouped_reducescatter_async",
+    "barrier", "join",
+]
+
+Average, Sum, Min, Max, Product = _ops.Average, _ops.Sum, _ops.Min, _ops.Max, _ops.Product
+# Horovod's Adasum reduction is not implemented; passing it raises instead of falling back.
+Adasum = "Adasum"
+_REDUCE_OPS = frozenset([Average, Sum, Min, Max, Product])
+
+# What the core reduces; anything else is refused here, before any rank enqueues a part of a group.
+_SUPPORTED_DTYPES = frozenset([
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+    torch.bfloat16, torch.float32, torch.float64, torch.bool,
+])
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def resolve_op(average, op, default=Average):
+    """Horovod's deprecated ``average=`` flag and ``op=``, reconciled into one reduce op."""
+    if average is not None and op is not None:
+        raise InvalidArgumentError("the op parameter supersedes average; pass only one of them")
+    if average is not None:
+        return Average if average else Sum
+    if op is None:
+        return default
+    if isinstance(op, str) and op == Adasum:
+        raise InvalidArgumentError("Adasum is not supported by spark_dl; use op=Average or op=Sum")
+    if op not in _REDUCE_OPS:
+        raise InvalidArgumentError(
+            f"unknown reduce op {op!r}; use Average, Sum, Min, Max or Product")
+    return op
+
+
+def set_size(process_set):
+    """Number of ranks in ``process_set`` (the global set when None)."""
+    if process_set is None or process_set is global_process_set:
+        return _global_size()
+    return process_set.size()
+
+
+def set_rank(process_set):
+    """This process's rank within ``process_set`` (-1 when not a member)."""
+    if process_set is None or process_set is global_process_set:
+        return _global_rank()
+    return process_set.rank()
+
+
+def _check(tensor, what="tensor"):
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidArgumentError(f"{what} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise InvalidArgumentError(
+            f"{what} has layout {tensor.layout}; only dense tensors can be reduced (for sparse "
+            "gradients use sparse_allreduce_async or DistributedOptimizer(sparse_as_dense=True))")
+    if tensor.device.type != "cpu":
+        raise InvalidArgumentError(
+            f"{what} is on {tensor.device}; this build of spark_dl handles CPU tensors only "
+            "(it was built without CUDA/NCCL)")
+    if tensor.dtype not in _SUPPORTED_DTYPES:
+        raise InvalidArgumentError(
+            f"{what} has dtype {tensor.dtype}; supported: uint8, int8, int16, int32, int64, "
+            "float16, bfloat16, float32, float64, bool")
+
+
+def _source(tensor, what="tensor"):
+    """The tensor the core reads: its own memory when contiguous, else a contiguous copy.
+
+    Always detached: DLPack refuses to export tensors that require grad, and
+    the collectives' autograd is handled by :mod:`spark_dl.torch.mpi_ops`.
+    """
+    _check(tensor, what)
+    t = tensor.detach()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _target(tensor, what="tensor"):
+    """(buffer the core reads and writes, function that makes ``tensor`` hold the result)."""
+    _check(tensor, what)
+    t = tensor.detach()
+    if t.is_contiguous():
+        return t, None
+    buf = t.contiguous()
+    return buf, lambda: t.copy_(buf)
+
+
+def _wrap(capsule):
+    """A torch tensor over one of the core's output buffers (no copy)."""
+    return torch.from_dlpack(capsule)
+
+
+def _group_name(kind, name, process_set):
+    return name or _ops.auto_name(kind, _ops._ps_id(process_set))
+
+
+def _as_list(tensors, kind):
+    tensors = list(tensors)
+    if not tensors:
+        raise InvalidArgumentError(f"{kind} needs at least one tensor")
+    return tensors
+
+
+class CompositeHandle(Handle):
+    """Several core operations presented as one handle.
+
+    Its result is ``combine([result of each member])``. If a member fails, the
+    others are still waited for (so nothing stays pending) and the first error
+    is raised.
+    """
+
+    __slots__ = ("_members", "_error")
+
+    def __init__(self, members, combine, name):  # noqa: D107 - members are the registered handles
+        self.hid = None
+        self._keep = None
+        self._members = members
+        self._finish = combine
+        self._done = False
+        self._result = None
+        self._error = None
+        self.name = name
+
+    def poll(self):
+        return self._done or all(m.poll() for m in self._members)
+
+    def wait(self, timeout=None):
+        if self._error is not None:
+            raise self._error
+        if self._done:
+            return self._result
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        results = []
+        for m in self._members:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                results.append(m.wait(left))
+            except OpTimeoutError:
+                raise  # members stay pending; a later wait picks up where this one stopped
+            except Exception as e:  # noqa: BLE001 - re-raised below, after the other members
+                self._error = self._error or e
+        self._members = None
+        if self._error is not None:
+            raise self._error
+        self._result = self._finish(results)
+        self._finish = None
+        self._done = True
+        return self._result
+
+
+# ----------------------------------------------------------------------------- allreduce
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Starts reducing ``tensor`` over ``process_set``; the result is a new tensor.
+
+    Args:
+        tensor: a CPU tensor; every member must pass the same shape and dtype
+            under the same ``name``.
+        average: deprecated: True means ``op=Average``, False ``op=Sum``.
+        name: identifies the operation across ranks (unnamed operations are
+            matched by the order in which each rank calls them).
+        op: Average (default), Sum, Min, Max or Product.
+        prescale_factor / postscale_factor: multiply by these before / after
+            the reduction (Average divides by the set size after both).
+        process_set: the ranks taking part (default: all).
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns the reduced tensor.
+    """
+    src = _source(tensor)
+    out = torch.empty_like(src)
+    return _ops.submit("allreduce", name, src, out, finish=lambda o, i: out,
+                       process_set=process_set, op=resolve_op(average, op),
+                       prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """In-place :func:`allreduce_async`: ``tensor`` receives the result and is returned."""
+    buf, copy_back = _target(tensor)
+
+    def finish(outputs, ints):
+        if copy_back is not None:
+            copy_back()
+        return tensor
+
+    return _ops.submit("allreduce", name, buf, buf, finish=finish, process_set=process_set,
+                       op=resolve_op(average, op), prescale_factor=prescale_factor,
+                       postscale_factor=postscale_factor)
+
+
+def grouped_allreduce_named(tensors, average, name, op, prescale_factor, postscale_factor,
+                            process_set, in_place, member_names=None):
+    """The grouped allreduce behind the public forms; ``member_names`` (default
+    ``<name>.<i>``) name the members, e.g. after the parameters whose gradients they are."""
+    tensors = _as_list(tensors, "grouped_allreduce")
+    op = resolve_op(average, op)
+    # Check every tensor before enqueueing any: a half-enqueued group would never complete.
+    if in_place:
+        prepared = [_target(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+    else:
+        prepared = []
+        for i, t in enumerate(tensors):
+            src = _source(t, f"tensors[{i}]")
+            prepared.append((src, torch.empty_like(src)))
+    group = _group_name("grouped_allreduce", name, process_set)
+    if member_names is None:
+        member_names = [f"{group}.{i}" for i in range(len(tensors))]
+    handles = []
+    for i, (t, (a, b)) in enumerate(zip(tensors, prepared)):
+        if in_place:
+            buf, copy_back = a, b
+
+            def finish(o, ints, t=t, copy_back=copy_back):
+                if copy_back is not None:
+                    copy_back()
+                return t
+
+            src, out = buf, buf
+        else:
+            src, out = a, b
+            finish = (lambda o, ints, out=out: out)
+        handles.append(_ops.submit(
+            "allreduce", member_names[i], src, out, finish=finish, process_set=process_set, op=op,
+            prescale_factor=prescale_factor, postscale_factor=postscale_factor, group=group,
+            group_size=len(tensors)))
+    return CompositeHandle(handles, list, group)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Reduces a list of tensors as one unit: negotiated together, reduced in one fused collective.
+
+    The members are named ``<name>.<i>``. ``synchronize`` returns the list of results.
+    """
+    return grouped_allreduce_named(tensors, average, name, op, prescale_factor,
+                                   postscale_factor, process_set, in_place=False)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """In-place :func:`grouped_allreduce_async`: each tensor receives its result."""
+    return grouped_allreduce_named(tensors, average, name, op, prescale_factor,
+                                   postscale_factor, process_set, in_place=True)
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+    """Reduces a sparse COO tensor by gathering every rank's indices and values.
+
+    The result is a coalesced sparse tensor (duplicate indices summed); with
+    ``op=Average`` the values are divided by the set size. Only Sum and Average
+    are defined for sparse tensors.
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise InvalidArgumentError("sparse_allreduce_async needs a sparse COO tensor")
+    if op not in (Average, Sum):
+        raise InvalidArgumentError("sparse allreduce supports op=Average or op=Sum only")
+    t = tensor.detach().coalesce()
+    name = _group_name("sparse_allreduce", name, process_set)
+    # Rows of (nnz, sparse_dim) indices and (nnz, *dense) values concatenate along axis 0.
+    h_idx = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices",
+                            process_set=process_set)
+    h_val = allgather_async(t.values().contiguous(), name=f"{name}.values", process_set=process_set)
+    n = set_size(process_set)
+    shape = t.shape
+
+    def combine(results):
+        indices, values = results
+        if op == Average:
+            values = values / n if values.is_floating_point() \
+                else torch.div(values, n, rounding_mode="trunc")
+        # Every rank sent valid coalesced indices: skip the invariant checks.
+        return torch.sparse_coo_tensor(indices.t(), values, size=shape,
+                                       check_invariants=False).coalesce()
+
+    return CompositeHandle([h_idx, h_val], combine, name)
+
+
+# ----------------------------------------------------------------------------- allgather, broadcast
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Concatenates every member's ``tensor`` along dimension 0 (first dimensions may differ)."""
+    src = _source(tensor)
+    return _ops.submit("allgather", name, src, finish=lambda o, i: _wrap(o[0]),
+                       process_set=process_set)
+
+
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
+    """:func:`allgather_async` of each tensor in a list; ``synchronize`` returns the list.
+
+    The members are named ``<name>.<i>``.
+    """
+    tensors = _as_list(tensors, "grouped_allgather")
+    sources = [_source(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+    group = _group_name("grouped_allgather", name, process_set)
+    # Each member is its own operation: the core executes only the first member of a
+    # grouped (group=...) allgather (see docs/torch.md, "known core limitations").
+    handles = [_ops.submit("allgather", f"{group}.{i}", src, finish=lambda o, i: _wrap(o[0]),
+                           process_set=process_set) for i, src in enumerate(sources)]
+    return CompositeHandle(handles, list, group)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
+    """Starts copying ``root_rank``'s ``tensor`` to every member; the result is a new tensor.
+
+    ``root_rank`` is a rank within ``process_set`` (for the global set, the rank).
+    """
+    src = _source(tensor)
+    out = torch.empty_like(src)
+    return _ops.submit("broadcast", name, src, out, finish=lambda o, i: out,
+                       process_set=process_set, root=root_rank)
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
+    """In-place :func:`broadcast_async`: ``tensor`` receives the root's values."""
+    buf, copy_back = _target(tensor)
+
+    def finish(outputs, ints):
+        if copy_back is not None:
+            copy_back()
+        return tensor
+
+    return _ops.submit("broadcast", name, buf, buf, finish=finish, process_set=process_set,
+                       root=root_rank)
+
+
+# ----------------------------------------------------------------------------- alltoall, scatter
+
+def _splits_list(splits, tensor, process_set):
+    n = set_size(process_set)
+    if splits is None:
+        rows = tensor.shape[0] if tensor.dim() else None
+        if rows is None or rows % n:
+            have = "a scalar" if rows is None else rows
+            raise InvalidArgumentError(f"alltoall without splits needs dimension 0 ({have}) "
+                                       f"divisible by the number of ranks ({n})")
+        return [rows // n] * n
+    if isinstance(splits, torch.Tensor):
+        return [int(s) for s in splits.reshape(-1).tolist()]
+    return [int(s) for s in splits]
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Sends ``splits[j]`` rows (dimension 0) of ``tensor`` to member j, receives theirs.
+
+    Without ``splits`` the rows are divided evenly. ``synchronize`` returns
+    ``(received tensor, received splits as an int32 tensor)``.
+    """
+    src = _source(tensor)
+    split_list = _splits_list(splits, src, process_set)
+    return _ops.submit("alltoall", name, src, splits=split_list, process_set=process_set,
+                       finish=lambda o, i: (_wrap(o[0]), torch.tensor(list(i), dtype=torch.int32)))
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
+                        prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces ``tensor`` over the set; this rank receives its slice of dimension 0.
+
+    Rows are divided as evenly as possible, the first ``rows % size`` members
+    getting one more.
+    """
+    src = _source(tensor)
+    return _ops.submit("reducescatter", name, src, finish=lambda o, i: _wrap(o[0]),
+                       process_set=process_set, op=resolve_op(None, op),
+                       prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    """:func:`reducescatter_async` of each tensor in a list; ``synchronize`` returns the list."""
+    tensors = _as_list(tensors, "grouped_reducescatter")
+    sources = [_source(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+    group = _group_name("grouped_reducescatter", name, process_set)
+    op = resolve_op(None, op)
+    # One operation per member, as for grouped_allgather_async.
+    handles = [_ops.submit("reducescatter", f"{group}.{i}", src, finish=lambda o, i: _wrap(o[0]),
+                           process_set=process_set, op=op, prescale_factor=prescale_factor,
+                           postscale_factor=postscale_factor) for i, src in enumerate(sources)]
+    return CompositeHandle(handles, list, group)
+
+
+# ----------------------------------------------------------------------------- control
+
+def barrier(process_set=global_process_set, timeout=None):
+    """Returns when every member of ``process_set`` has called barrier."""
+    _ops.submit("barrier", None, None, process_set=process_set).wait(timeout)
+
+
+def join(device=-1, process_set=global_process_set, timeout=None):
+    """Marks this rank as out of data and waits for the others; returns the last rank to join.
+
+    Until every rank has joined, the others' allreduces proceed with this rank
+    contributing zeros. ``device`` is accepted for Horovod compatibility (CPU only).
+    """
+    h = _ops.submit("join", "join", None, process_set=process_set,
+                    finish=lambda o, i: int(i[0]))
+    return h.wait(timeout)

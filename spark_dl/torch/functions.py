@@ -1,0 +1,195 @@
+"""Making ranks agree: broadcast of parameters, optimizer state and Python objects.
+
+Every function here is collective: every member of ``process_set`` must call
+it, in the same order as its other collectives.
+"""
+
+import collections
+import io
+
+import cloudpickle
+import torch
+
+from spark_dl.common.exceptions import InvalidArgumentError
+from spark_dl.common.handles import synchronize
+from spark_dl.common.process_sets import global_process_set
+from spark_dl.torch._async_ops import (allgather_async, broadcast_async_, set_rank,
+                                       set_size)
+
+__all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
+           "allgather_object"]
+
+
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
+    """Overwrites every rank's parameters with ``root_rank``'s, in place.
+
+    Typically called once after building the model (and after loading a
+    checkpoint on the root only)::
+
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    Args:
+        params: a dict of name -> tensor (``model.state_dict()``), or a list
+            (or other iterable) of tensors or of ``(name, tensor)`` pairs
+            (``model.named_parameters()``).
+        root_rank: the rank (within ``process_set``) whose values win.
+        process_set: the ranks taking part.
+
+    Raises:
+        ValueError: ``params`` is of another type, or holds something that is not a tensor.
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    elif isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+        raise InvalidArgumentError(f"invalid params of type {type(params).__name__}: pass a "
+                                   "state_dict, named_parameters() or a list of tensors")
+    else:
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    for name, p in items:
+        if not isinstance(p, torch.Tensor):
+            raise InvalidArgumentError(f"broadcast_parameters: '{name}' is a "
+                                       f"{type(p).__name__}, not a tensor")
+    # Start every broadcast before waiting for any, so they are negotiated together.
+    handles = [broadcast_async_(p, root_rank, None if name is None else f"broadcast.{name}",
+                                process_set) for name, p in items]
+    for h in handles:
+        synchronize(h)
+
+
+def _split_tensors(obj, tensors):
+    """``obj`` with every tensor replaced by its index in ``tensors`` (appended to it)."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+    return _map_children(obj, lambda v: _split_tensors(v, tensors))
+
+
+def _join_tensors(obj, tensors):
+    if isinstance(obj, _TensorSlot):
+        return tensors[obj.index]
+    return _map_children(obj, lambda v: _join_tensors(v, tensors))
+
+
+def _map_children(obj, fn):
+    """A dict, list or tuple with ``fn`` applied to each value; other objects unchanged."""
+    if isinstance(obj, dict):
+        out = collections.OrderedDict() if isinstance(obj, collections.OrderedDict) else {}
+        for k, v in obj.items():
+            out[k] = fn(v)
+        return out
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(fn(v) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(fn(v) for v in obj)
+    return obj
+
+
+class _TensorSlot:
+    """Where a tensor sat in a broadcast structure: its index, shape and dtype."""
+
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+    def __getstate__(self):
+        return (self.index, self.shape, self.dtype)
+
+    def __setstate__(self, state):
+        self.index, self.shape, self.dtype = state
+
+
+def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+    """Makes every rank's optimizer state and hyperparameters equal to ``root_rank``'s.
+
+    Works for any ``torch.optim.Optimizer`` (including a
+    :class:`~spark_dl.torch.optimizer.DistributedOptimizer`), whatever its state
+    holds: the structure of the root's ``state_dict()`` travels as one pickled
+    object and its tensors by in-place broadcast. Ranks whose state is still
+    empty receive the root's; if the root's state is empty, every rank's
+    becomes empty. No optimizer step is taken (Horovod runs one with zero
+    gradients to create the state; see docs/torch.md).
+
+    The model's parameters are not touched: call :func:`broadcast_parameters` for them.
+    """
+    state = optimizer.state_dict()
+    is_root = set_rank(process_set) == root_rank
+    tensors = []
+    skeleton = _split_tensors(state, tensors) if is_root else None
+    skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.structure",
+                                process_set=process_set)
+    if not is_root:
+        tensors = []
+        _collect_slots(skeleton, tensors)
+        tensors = [torch.empty(slot.shape, dtype=slot.dtype) for slot in tensors]
+    handles = [broadcast_async_(t, root_rank, f"broadcast_optimizer_state.{i}", process_set)
+               for i, t in enumerate(tensors)]
+    for h in handles:
+        synchronize(h)
+    if not is_root:
+        optimizer.load_state_dict(_join_tensors(skeleton, tensors))
+
+
+def _collect_slots(obj, out):
+    """Appends every _TensorSlot of a structure to ``out``, ordered by index."""
+    found = []
+
+    def walk(o):
+        if isinstance(o, _TensorSlot):
+            found.append(o)
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+
+    walk(obj)
+    out.extend(sorted(found, key=lambda s: s.index))
+
+
+def _dumps(obj):
+    buf = io.BytesIO()
+    cloudpickle.dump(obj, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Returns ``root_rank``'s ``obj`` on every member (serialized with cloudpickle).
+
+    Args:
+        obj: any object cloudpickle can serialize (only the root's is used).
+        root_rank: the rank within ``process_set`` that sends.
+        name: names the two underlying broadcasts (default ``broadcast_object``; the
+            same on every rank whatever ``obj`` is there, so non-root ranks may pass None).
+    """
+    name = name or "broadcast_object"
+    if set_rank(process_set) == root_rank:
+        payload = _dumps(obj)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    synchronize(broadcast_async_(length, root_rank, f"{name}.size", process_set))
+    if set_rank(process_set) != root_rank:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    synchronize(broadcast_async_(payload, root_rank, f"{name}.data", process_set))
+    if set_rank(process_set) == root_rank:
+        return obj
+    return cloudpickle.loads(payload.numpy().tobytes())
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Returns the list of every member's ``obj``, in rank order (cloudpickle)."""
+    name = name or "allgather_object"
+    payload = _dumps(obj)
+    sizes_h = allgather_async(torch.tensor([payload.numel()], dtype=torch.int64),
+                              name=f"{name}.sizes", process_set=process_set)
+    data_h = allgather_async(payload, name=f"{name}.data", process_set=process_set)
+    sizes = synchronize(sizes_h).tolist()
+    data = synchronize(data_h).numpy().tobytes()
+    out, offset = [], 0
+    for n in sizes:
+        out.append(cloudpickle.loads(data[offset:offset + n]))
+        offset += n
+    assert len(out) == set_size(process_set)
+    return out

@@ -1,0 +1,388 @@
+"""DistributedOptimizer: averages gradients across ranks while the backward pass runs.
+
+A hook on every parameter fires as soon as autograd has accumulated that
+parameter's gradient and starts its allreduce in place (``p.grad``), so
+communication overlaps the rest of the backward pass; ``step()`` waits for
+the allreduces still in flight, then runs the wrapped optimizer's update.
+The core fuses the small allreduces that arrive together into one collective
+and serves repeated steps from its response cache, so per-parameter
+operations cost little.
+
+Lifecycle of one parameter ``p`` between two steps (``backward_passes_per_step`` = k):
+
+1. each backward pass accumulates into ``p.grad`` and decrements ``p``'s
+   countdown; the k-th starts the allreduce (or, for a parameter in a group,
+   counts towards its group, whose grouped allreduce starts with its last member);
+2. ``synchronize()`` starts what the hooks did not (parameters unused in this
+   step get zero gradients, incomplete groups), waits for every allreduce,
+   writes the results back into the gradients and resets the countdowns;
+3. the wrapped optimizer's ``step()`` updates the parameters.
+"""
+
+import contextlib
+import warnings
+import weakref
+
+import torch
+
+from spark_dl.common.basics import size as _global_size
+from spark_dl.common.exceptions import InvalidArgumentError
+from spark_dl.common.handles import synchronize as _wait
+from spark_dl.common.process_sets import global_process_set
+from spark_dl.torch._async_ops import (Adasum, Average, allreduce_async_,
+                                       grouped_allreduce_named, resolve_op,
+                                       sparse_allreduce_async)
+from spark_dl.torch.compression import Compression
+
+__all__ = ["DistributedOptimizer"]
+
+_TOO_MANY_PASSES = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally.")
+_ZERO_GRAD_RACE = (
+    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+    "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+
+
+class _DistributedOptimizer:
+    """Mixed in before the wrapped optimizer's class (see :func:`DistributedOptimizer`)."""
+
+    def _sdl_setup(self, named_parameters, compression, backward_passes_per_step, op,
+                   gradient_predivide_factor, groups, sparse_as_dense, process_set):
+        self._compression = compression
+        self._op = op
+        self._predivide = float(gradient_predivide_factor)
+        self._sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+
+        params = [p for group in self.param_groups for p in group["params"]]
+        self._parameter_names = _name_parameters(named_parameters, params)
+        # Ordered (a list, not a set) so that every rank submits in the same order.
+        self._requires_update = []
+        seen = set()
+        for p in params:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                self._requires_update.append(p)
+        self._groups = _form_groups(groups, self._requires_update)
+        self._group_of = {}
+        for k, members in enumerate(self._groups):
+            for p in members:
+                self._group_of[p] = k
+
+        self._delay = {p: backward_passes_per_step for p in self._requires_update}
+        self._handles = {}          # p -> (handle, compression ctx, wire tensor)
+        self._group_handles = {}    # group index -> (handle, [ctx], [wire tensor])
+        self._group_ready = [0] * len(self._groups)
+        self._touched = set()       # parameters whose hook ran since the last synchronize
+        self._should_synchronize = True
+        self._synchronized = False
+
+        # One process (or a set this rank is not in) has nothing to average: no hooks,
+        # step() is the wrapped optimizer's step, as in Horovod.
+        ps = process_set
+        in_set = ps is global_process_set or ps is None or ps.included()
+        n = _global_size() if ps is global_process_set or ps is None else ps.size()
+        self._active = in_set and n > 1
+        self._hook_handles = []
+        if self._active:
+            self._register_hooks()
+
+    # ------------------------------------------------------------------ hooks
+
+    def _register_hooks(self):
+        ref = weakref.ref(self)
+        for p in self._requires_update:
+            hook = _make_hook(ref, p)
+            if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+                self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
+            else:  # torch 2.0: a hook on the parameter's gradient accumulator node
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._hook_handles.append(
+                    acc.register_hook(lambda *unused, hook=hook, p=p: hook(p)))
+                self._hook_handles.append(acc)  # keeps the node (and its hook) alive
+        # The hooks must not outlive the optimizer: a later optimizer over the same
+        # parameters would otherwise see every gradient reduced twice.
+        weakref.finalize(self, _remove_hooks, self._hook_handles)
+
+    def _grad_ready(self, p):
+        if self._delay[p] <= 0:
+            raise AssertionError(_TOO_MANY_PASSES)
+        if p.grad is not None and p.grad.requires_grad:
+            raise AssertionError("DistributedOptimizer does not support gradients that require "
+                                 "grad (backward(create_graph=True))")
+        self._touched.add(p)
+        self._delay[p] -= 1
+        if self._delay[p] > 0:
+            return
+        k = self._group_of.get(p)
+        if k is None:
+            self._handles[p] = self._allreduce_grad_async(p)
+            return
+        self._group_ready[k] += 1
+        if self._group_ready[k] == len(self._groups[k]):
+            self._group_handles[k] = self._allreduce_group_async(k)
+
+    # ------------------------------------------------------------------ allreduce
+
+    def _scale_factors(self):
+        # Average divides by the set size in the core after the postscale; splitting
+        # the division around the reduction keeps fp16 sums from overflowing.
+        if self._op == Average:
+            return 1.0 / self._predivide, self._predivide
+        return 1.0, 1.0
+
+    def _dense_grad(self, p):
+        if p.grad is None:
+            # Unused on this rank in this step; other ranks may have a gradient for it.
+            p.grad = torch.zeros_like(p)
+        elif p.grad.layout != torch.strided and self._sparse_as_dense:
+            p.grad = p.grad.to_dense()
+        return p.grad
+
+    def _allreduce_grad_async(self, p):
+        name = self._parameter_names[p]
+        grad = self._dense_grad(p)
+        if grad.layout != torch.strided:
+            return sparse_allreduce_async(grad, name=name, op=self._op,
+                                          process_set=self.process_set), None, None
+        wire, ctx = self._compression.compress(grad)
+        pre, post = self._scale_factors()
+        handle = allreduce_async_(wire, name=name, op=self._op, prescale_factor=pre,
+                                  postscale_factor=post, process_set=self.process_set)
+        return handle, ctx, wire
+
+    def _allreduce_group_async(self, k):
+        members = self._groups[k]
+        wires, ctxs = [], []
+        for p in members:
+            grad = self._dense_grad(p)
+            if grad.layout != torch.strided:
+                raise InvalidArgumentError(
+                    f"parameter '{self._parameter_names[p]}' has a sparse gradient; grouped "
+                    "allreduce needs dense ones (pass sparse_as_dense=True)")
+            wire, ctx = self._compression.compress(grad)
+            wires.append(wire)
+            ctxs.append(ctx)
+        pre, post = self._scale_factors()
+        # Members keep their parameters' names, so that errors name the parameter.
+        handle = grouped_allreduce_named(
+            wires, None, f"allreduce.group{k}.{self._parameter_names[members[0]]}", self._op,
+            pre, post, self.process_set, in_place=True,
+            member_names=[self._parameter_names[p] for p in members])
+        self._group_ready[k] = 0
+        return handle, ctxs, wires
+
+    def synchronize(self):
+        """Waits for every gradient allreduce of this step (starting the missing ones).
+
+        After it, ``p.grad`` holds the averaged gradient. Call it explicitly to
+        modify gradients (e.g. clip them) before ``step()``, and then call
+        ``step()`` inside :meth:`skip_synchronize`.
+        """
+        if not self._active:
+            self._synchronized = True
+            return
+        for p in self._requires_update:
+            if p not in self._group_of and p not in self._handles:
+                self._handles[p] = self._allreduce_grad_async(p)
+        for k in range(len(self._groups)):
+            if k not in self._group_handles:
+                self._group_handles[k] = self._allreduce_group_async(k)
+        # Wait for every handle even after a failure, so that nothing stays in flight,
+        # then raise the first error (a mismatch names the parameter).
+        error = None
+        for p, (handle, ctx, wire) in self._handles.items():
+            try:
+                self._store(p, _wait(handle), ctx, wire)
+            except Exception as e:  # noqa: BLE001 - re-raised below
+                error = error or e
+        for k, (handle, ctxs, wires) in self._group_handles.items():
+            try:
+                for p, result, ctx, wire in zip(self._groups[k], _wait(handle), ctxs, wires):
+                    self._store(p, result, ctx, wire)
+            except Exception as e:  # noqa: BLE001 - re-raised below
+                error = error or e
+        self._handles.clear()
+        self._group_handles.clear()
+        self._touched.clear()
+        self._group_ready = [0] * len(self._groups)
+        for p in self._requires_update:
+            self._delay[p] = self.backward_passes_per_step
+        if error is not None:
+            raise error
+        self._synchronized = True
+
+    def _store(self, p, result, ctx, wire):
+        if wire is None:  # sparse allreduce returns a new sparse tensor
+            p.grad = result
+        elif wire is not p.grad:  # compressed (a copy): bring the result back
+            p.grad.copy_(self._compression.decompress(result, ctx))
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within this context, ``step()`` does not synchronize (call :meth:`synchronize` first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        """Synchronizes the gradients (unless inside :meth:`skip_synchronize`), then steps."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                    "consider using optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        """The wrapped optimizer's ``zero_grad``; refused while gradients are being reduced."""
+        if self._handles or self._group_handles or self._touched:
+            raise AssertionError(_ZERO_GRAD_RACE)
+        return super().zero_grad(*args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes):
+        """Changes how many backward passes accumulate locally before gradients are reduced."""
+        if int(passes) < 1:
+            raise InvalidArgumentError("backward_passes_per_step must be >= 1")
+        self.backward_passes_per_step = int(passes)
+        for p in self._requires_update:
+            self._delay[p] = self.backward_passes_per_step
+
+
+def _make_hook(ref, p):
+    def hook(*unused):
+        opt = ref()
+        if opt is not None:
+            opt._grad_ready(p)
+    return hook
+
+
+def _remove_hooks(handles):
+    for h in handles:
+        if hasattr(h, "remove"):
+            h.remove()
+
+
+def _name_parameters(named_parameters, params):
+    """{parameter: allreduce name}, checking the names as Horovod does."""
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}" for i, p in enumerate(params)}
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise InvalidArgumentError("named_parameters should be a sequence of tuples (name, "
+                                   "parameter), usually produced by model.named_parameters()")
+    names = [n for n, _ in named]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise InvalidArgumentError("Parameter names in named_parameters must be unique. "
+                                   f"Found duplicates: {', '.join(dups)}")
+    by_id = {id(p): f"allreduce.{n}" for n, p in named}
+    unnamed = [id(p) for p in params if id(p) not in by_id]
+    if unnamed:
+        raise InvalidArgumentError("named_parameters was specified, but one or more model "
+                                   f"parameters were not named. Python object ids: {unnamed}")
+    return {p: by_id[id(p)] for p in params}
+
+
+def _form_groups(groups, params):
+    """The parameter groups reduced together: [] (every parameter alone) or lists of parameters."""
+    if groups is None or groups == 0:
+        return []
+    if isinstance(groups, int):
+        if groups < 0:
+            raise InvalidArgumentError("groups should be a non-negative integer or a list of "
+                                       "lists of torch.Tensor")
+        # Contiguous runs of the parameter order: neighbours get their gradients close in time.
+        n = min(groups, len(params))
+        out, start = [], 0
+        for k in range(n):
+            stop = start + len(params) // n + (1 if k < len(params) % n else 0)
+            out.append(params[start:stop])
+            start = stop
+        return [g for g in out if g]
+    if not isinstance(groups, (list, tuple)):
+        raise InvalidArgumentError("groups should be a non-negative integer or a list of lists "
+                                   "of torch.Tensor")
+    wanted = {id(p) for p in params}
+    placed = set()
+    out = []
+    for group in groups:
+        members = []
+        for p in group:
+            if not isinstance(p, torch.Tensor):
+                raise InvalidArgumentError("groups must contain only torch.Tensor objects")
+            if id(p) not in wanted:
+                continue  # not optimized here (or frozen): nothing to reduce
+            if id(p) in placed:
+                raise InvalidArgumentError("a parameter appears in more than one group")
+            placed.add(id(p))
+            members.append(p)
+        if members:
+            out.append(members)
+    return out
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=global_process_set):
+    """Wraps ``optimizer`` so that ``step()`` applies gradients averaged over every rank.
+
+    The result is an instance of the wrapped optimizer's class (``isinstance``
+    checks, ``state_dict()``, LR schedulers keep working) that shares its
+    parameter groups and state with ``optimizer``.
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer``.
+        named_parameters: ``model.named_parameters()``: names the allreduces
+            (and the errors that mention them); every optimized parameter must be named.
+        compression: ``Compression.none`` or ``Compression.fp16`` (gradients
+            travel as float16 and are restored after the reduction).
+        backward_passes_per_step: backward passes accumulated locally before
+            the gradients are reduced (gradient accumulation); ``step()`` after that many.
+        op: ``Average`` (default) or ``Sum`` of the ranks' gradients.
+        gradient_predivide_factor: with Average, divide by this before the
+            reduction and by ``size / factor`` after it.
+        num_groups: deprecated spelling of an integer ``groups``.
+        groups: an integer n (split the parameters into n groups, each reduced
+            as one grouped allreduce) or a list of lists of parameters.
+        sparse_as_dense: reduce sparse gradients as dense tensors (else by allgather).
+        process_set: the ranks whose gradients are averaged.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InvalidArgumentError(f"optimizer must be a torch.optim.Optimizer, got "
+                                   f"{type(optimizer).__name__}")
+    if op is Adasum or op == Adasum:
+        raise InvalidArgumentError("Adasum is not supported by spark_dl; use op=Average or op=Sum")
+    op = resolve_op(None, op)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise InvalidArgumentError("gradient_predivide_factor not supported with op != Average")
+    if int(backward_passes_per_step) < 1:
+        raise InvalidArgumentError("backward_passes_per_step must be >= 1")
+    if num_groups:
+        warnings.warn("num_groups is deprecated; pass groups=<int> instead", DeprecationWarning,
+                      stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    base = type(optimizer)
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise InvalidArgumentError("optimizer is already a DistributedOptimizer")
+    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
+    # A new instance over the same attributes: param_groups and state are shared, not
+    # rebuilt, so hyperparameters, loaded state and custom constructors all carry over.
+    # Attributes that bind methods to the old instance (an LR scheduler's step counter
+    # wrapper) are left behind.
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items()
+                             if k not in ("step", "zero_grad")})
+    wrapped._sdl_setup(named_parameters, compression, int(backward_passes_per_step), op,
+                       gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    return wrapped

@@ -1,0 +1,735 @@
+"""Functions run on spawned ranks by tests/parallel/test_torch_*.py (see harness.py).
+
+Every rank regenerates every rank's inputs from seeds, so it can compute the
+expected result of a collective (or of a training run on the union of the
+ranks' batches) by itself and return only its errors.
+"""
+
+import time
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import spark_dl.torch as hvd
+from core_cases import cases as core_cases
+from core_workers import _check, _data, _reduce
+
+torch.set_num_threads(1)  # ranks share a small machine
+
+
+# ----------------------------------------------------------------------------- op matrix
+
+def torch_cases():
+    """The core's op matrix plus what only the torch API has (in-place, async, groups, ...)."""
+    extra = []
+    for dt in ("float32", "bfloat16", "float16", "int32", "bool", "uint8"):
+        extra.append(f"broadcast_inplace-{dt}-root0")
+        extra.append(f"broadcast_inplace-{dt}-rootlast")
+    for dt in ("float32", "bfloat16", "float16", "int64"):
+        extra.append(f"allreduce_async-{dt}-Sum")
+        extra.append(f"allreduce_inplace-{dt}-Average-noncontiguous")
+        extra.append(f"grouped_allreduce_inplace-{dt}-Sum")
+        extra.append(f"grouped_allgather-{dt}")
+        extra.append(f"grouped_reducescatter-{dt}-Sum")
+    extra += [
+        "allreduce-float32-Sum-deprecated_average",
+        "allreduce-float32-Average-fp16_compression",
+        "alltoall-float32-tensor_splits",
+        "alltoall-bfloat16-noncontiguous",
+        "allgather-float32-noncontiguous",
+        "reducescatter_scaled-float32-Average",
+        "reducescatter_scaled-float64-Sum",
+        "sparse_allreduce-float32-Sum",
+        "sparse_allreduce-float32-Average",
+    ]
+    return core_cases() + extra
+
+
+def _t(arr, dtype):
+    """numpy -> torch (bfloat16 through float32, which numpy lacks)."""
+    if dtype == "bfloat16":
+        return torch.from_numpy(np.asarray(arr, dtype=np.float32, order="C")).to(torch.bfloat16)
+    # (np.ascontiguousarray would turn a 0-d array into a 1-d one)
+    return torch.from_numpy(np.asarray(arr, order="C"))
+
+
+def _n(t):
+    return t.to(torch.float32).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def _dtype_of(dtype):
+    return torch.bool if dtype == "bool" else getattr(torch, dtype)
+
+
+def _cmp(got, want, dtype):
+    """None when ``got`` (torch) matches ``want`` (numpy) in value and keeps the dtype."""
+    if isinstance(got, torch.Tensor) and got.dtype != _dtype_of(dtype):
+        return f"dtype {got.dtype} != {dtype}"
+    return _check(_n(got), want, dtype)
+
+
+def _noncontiguous(t):
+    """A non-contiguous tensor equal to ``t`` (every other column of a wider one)."""
+    big = torch.zeros(t.shape[:-1] + (t.shape[-1] * 2,), dtype=t.dtype)
+    big[..., ::2] = t
+    view = big[..., ::2]
+    assert not view.is_contiguous() or t.shape[-1] <= 1
+    return view
+
+
+def _one_case(case, rank, size):
+    parts = case.split("-")
+    kind, dtype = parts[0], parts[1]
+    extra = parts[2] if len(parts) > 2 else ""
+    variant = parts[3] if len(parts) > 3 else ""
+    shape = (5, 3)
+    if kind in ("allreduce", "allreduce_scaled", "allreduce_inplace", "allreduce_async"):
+        op_name = extra
+        op = getattr(hvd, op_name)
+        if variant == "empty":
+            shape = (0, 4)
+        elif variant == "scalar":
+            shape = ()
+        inputs = [_data(case, r, shape, dtype) for r in range(size)]
+        mine = _t(inputs[rank], dtype)
+        if kind == "allreduce_scaled":
+            pre, post = (0.5, 3.0) if dtype != "int32" else (2.0, 3.0)
+            scaled = [(x * pre).astype(x.dtype) if dtype != "int32" else x * 2 for x in inputs]
+            want = _reduce(scaled, op_name, dtype, size)
+            want = (want * post).astype(want.dtype) if dtype != "int32" else want * 3
+            return _cmp(hvd.allreduce(mine, name=case, op=op, prescale_factor=pre,
+                                      postscale_factor=post), want, dtype)
+        want = _reduce(inputs, op_name, dtype, size)
+        if kind == "allreduce_inplace":
+            buf = _noncontiguous(mine) if variant == "noncontiguous" else mine.clone()
+            got = hvd.allreduce_(buf, name=case, op=op)
+            if got is not buf:
+                return "in-place allreduce did not return its argument"
+            return _cmp(buf, want, dtype)
+        if kind == "allreduce_async":
+            h = hvd.allreduce_async(mine, name=case, op=op)
+            deadline = time.monotonic() + 30
+            while not hvd.poll(h):
+                if time.monotonic() > deadline:
+                    return "poll() never became true"
+                time.sleep(0.001)
+            return _cmp(hvd.synchronize(h), want, dtype)
+        if variant == "noncontiguous":
+            return _cmp(hvd.allreduce(_noncontiguous(mine), name=case, op=op), want, dtype)
+        if variant == "deprecated_average":  # average=False means Sum
+            return _cmp(hvd.allreduce(mine, average=False, name=case), want, dtype)
+        if variant == "fp16_compression":
+            got = hvd.allreduce(mine, name=case, op=op, compression=hvd.Compression.fp16)
+            if got.dtype != torch.float32:
+                return f"decompressed dtype {got.dtype}"
+            ok = np.allclose(got.numpy(), want, rtol=1e-2, atol=1e-2)
+            return None if ok else f"values differ: {got.ravel()[:6]} vs {want.ravel()[:6]}"
+        return _cmp(hvd.allreduce(mine, name=case, op=op), want, dtype)
+    if kind in ("grouped_allreduce", "grouped_allreduce_inplace"):
+        op_name = extra
+        inputs = [[_data(case + str(k), r, (k + 2, 3), dtype) for k in range(3)]
+                  for r in range(size)]
+        wants = [_reduce([inputs[r][k] for r in range(size)], op_name, dtype, size)
+                 for k in range(3)]
+        mine = [_t(a, dtype) for a in inputs[rank]]
+        if kind == "grouped_allreduce_inplace":
+            mine[1] = _noncontiguous(mine[1])
+            got = hvd.grouped_allreduce_(mine, name=case, op=getattr(hvd, op_name))
+            if any(g is not m for g, m in zip(got, mine)):
+                return "in-place grouped allreduce did not return its arguments"
+        else:
+            got = hvd.grouped_allreduce(mine, name=case, op=getattr(hvd, op_name))
+        return next((e for e in (_cmp(g, w, dtype) for g, w in zip(got, wants)) if e), None)
+    if kind in ("reducescatter", "reducescatter_scaled", "grouped_reducescatter"):
+        op_name = extra
+        op = getattr(hvd, op_name)
+        n_tensors = 2 if kind == "grouped_reducescatter" else 1
+        errors = []
+        tensors, wants = [], []
+        for k in range(n_tensors):
+            rows_total = 7 + k
+            inputs = [_data(f"{case}{k}", r, (rows_total, 2), dtype) for r in range(size)]
+            full = _reduce(inputs, op_name, dtype, size)
+            if kind == "reducescatter_scaled":
+                full = _reduce([x * 0.5 for x in inputs], op_name, dtype, size) * 3.0
+            rows = [rows_total // size + (1 if q < rows_total % size else 0) for q in range(size)]
+            start = sum(rows[:rank])
+            tensors.append(_t(inputs[rank], dtype))
+            wants.append(full[start:start + rows[rank]])
+        if kind == "grouped_reducescatter":
+            got = hvd.grouped_reducescatter(tensors, name=case, op=op)
+        elif kind == "reducescatter_scaled":
+            got = [hvd.reducescatter(tensors[0], name=case, op=op, prescale_factor=0.5,
+                                     postscale_factor=3.0)]
+        else:
+            got = [hvd.reducescatter(tensors[0], name=case, op=op)]
+        errors = [_cmp(g, w, dtype) for g, w in zip(got, wants)]
+        return next((e for e in errors if e), None)
+    if kind in ("allgather", "grouped_allgather"):
+        n_tensors = 2 if kind == "grouped_allgather" else 1
+        tensors, wants = [], []
+        for k in range(n_tensors):
+            rows = [0 if extra == "zero_rows" and r == 0 else r + 1 + k for r in range(size)]
+            inputs = [_data(f"{case}{k}", r, (rows[r], 3), dtype) for r in range(size)]
+            t = _t(inputs[rank], dtype)
+            tensors.append(_noncontiguous(t) if extra == "noncontiguous" else t)
+            wants.append(np.concatenate(inputs))
+        if kind == "grouped_allgather":
+            got = hvd.grouped_allgather(tensors, name=case)
+        else:
+            got = [hvd.allgather(tensors[0], name=case)]
+        return next((e for e in (_cmp(g, w, dtype) for g, w in zip(got, wants)) if e), None)
+    if kind in ("broadcast", "broadcast_inplace"):
+        root = 0 if extra == "root0" else size - 1
+        inputs = [_data(case, r, shape, dtype) for r in range(size)]
+        mine = _t(inputs[rank], dtype)
+        if kind == "broadcast_inplace":
+            got = hvd.broadcast_(mine, root_rank=root, name=case)
+            if got is not mine:
+                return "in-place broadcast did not return its argument"
+        else:
+            got = hvd.broadcast(mine, root_rank=root, name=case)
+            if rank != root and size > 1 and torch.equal(mine, got) and \
+                    not np.array_equal(inputs[rank], inputs[root]):
+                return "broadcast modified its input"
+        return _cmp(got, inputs[root], dtype)
+    if kind == "alltoall":
+        if extra == "even":
+            splits_of = [[2] * size for _ in range(size)]
+        else:
+            splits_of = [[(r + q) % 3 for q in range(size)] for r in range(size)]
+        inputs = [_data(case, r, (sum(splits_of[r]), 2), dtype) for r in range(size)]
+        want_parts = []
+        for src in range(size):
+            off = sum(splits_of[src][:rank])
+            want_parts.append(inputs[src][off:off + splits_of[src][rank]])
+        mine = _t(inputs[rank], dtype)
+        if extra == "noncontiguous":
+            mine = _noncontiguous(mine)
+        want_splits = [splits_of[src][rank] for src in range(size)]
+        if extra == "even":
+            got = hvd.alltoall(mine, name=case)  # no splits: returns the tensor alone
+            got_splits = torch.tensor(want_splits, dtype=torch.int32)
+        else:
+            splits = splits_of[rank]
+            if extra == "tensor_splits":
+                splits = torch.tensor(splits, dtype=torch.int32)
+            got, got_splits = hvd.alltoall(mine, splits=splits, name=case)
+        if got_splits.dtype != torch.int32 or got_splits.tolist() != want_splits:
+            return f"received splits {got_splits} wrong (expected {want_splits})"
+        return _cmp(got, np.concatenate(want_parts), dtype)
+    if kind == "sparse_allreduce":
+        dense = [np.zeros((6, 2), np.float32) for _ in range(size)]
+        for r in range(size):
+            dense[r][[r % 6, (r + 2) % 6]] = _data(case, r, (2, 2), "float32")
+        mine = torch.from_numpy(dense[rank]).to_sparse()
+        op = getattr(hvd, extra)
+        got = hvd.synchronize(hvd.sparse_allreduce_async(mine, name=case, op=op))
+        if not got.is_sparse:
+            return "sparse allreduce returned a dense tensor"
+        want = _reduce(dense, extra, "float32", size)
+        return _check(got.to_dense().numpy(), want, "float32")
+    return f"unknown case {case}"
+
+
+def _process_set_checks(rank, size):
+    """Process sets through the torch API (3 ranks): ops, optimizer and broadcasts on a subset."""
+    out = {}
+    evens = hvd.add_process_set([0, 2])
+    if evens.included():
+        got = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum, process_set=evens)
+        out["sum"] = got.tolist()
+        out["gather"] = hvd.allgather(torch.tensor([rank]), process_set=evens).tolist()
+        out["bcast"] = hvd.broadcast(torch.tensor([rank]), root_rank=1,
+                                     process_set=evens).tolist()
+        out["object"] = hvd.broadcast_object(f"from {rank}", root_rank=1, process_set=evens)
+        out["objects"] = hvd.allgather_object(rank, process_set=evens)
+        x = torch.tensor([1.0 + rank], requires_grad=True)
+        hvd.allgather(x, process_set=evens).sum().backward()
+        out["gather_grad"] = x.grad.tolist()
+    # An optimizer averaging over the subset only; rank 1 trains alone.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1, bias=False)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0),
+                                   named_parameters=model.named_parameters(), process_set=evens)
+    w0 = model.weight.detach().clone()
+    (model(torch.ones(1, 2)) * (rank + 1) ** 2).sum().backward()
+    opt.step()
+    out["weight_delta"] = (w0 - model.weight.detach()).tolist()
+    hvd.remove_process_set(evens)
+    return out
+
+
+def op_matrix():
+    """Runs every torch case; returns {case: None or error text}."""
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    results = {}
+    for case in torch_cases():
+        try:
+            results[case] = _one_case(case, rank, size)
+        except Exception as e:  # noqa: BLE001 - reported per case
+            results[case] = f"{type(e).__name__}: {e}"
+    if size == 3:
+        results["__process_sets__"] = _process_set_checks(rank, size)
+    return results
+
+
+# ----------------------------------------------------------------------------- training
+
+class _TwoPath(torch.nn.Module):
+    """An MLP with an extra branch that only some batches use."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+        self.extra = torch.nn.Linear(8, 4)
+
+    def forward(self, x, use_extra=False):
+        out = self.fc2(torch.tanh(self.fc1(x)))
+        return out + self.extra(x) if use_extra else out
+
+
+class _Embed(torch.nn.Module):
+    def __init__(self, sparse):
+        super().__init__()
+        self.emb = torch.nn.Embedding(20, 8, sparse=sparse)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x, use_extra=False):
+        idx = (x.abs() * 7).long().clamp(max=19)[:, :3]
+        return self.fc(self.emb(idx).mean(1))
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def _adam(params):
+    return torch.optim.Adam(params, lr=0.01)
+
+
+# name: (optimizer factory, DistributedOptimizer kwargs, passes per step, tolerance)
+TRAIN_CONFIGS = {
+    "sgd_momentum": (_sgd, {}, 1, 1e-5),
+    "adam": (_adam, {}, 1, 1e-4),
+    "backward_passes_per_step_2": (_sgd, {"backward_passes_per_step": 2}, 2, 1e-5),
+    "fp16_compression": (_sgd, {"compression": hvd.Compression.fp16}, 1, 2e-2),
+    "groups_2": (_sgd, {"groups": 2}, 1, 1e-5),
+    "groups_list": (_adam, {"groups": "fc1"}, 1, 1e-4),
+    "predivide_2": (_sgd, {"gradient_predivide_factor": 2.0}, 1, 1e-5),
+    "op_sum": (_sgd, {"op": hvd.Sum}, 1, 1e-5),
+    "unused_param": (_sgd, {}, 1, 1e-5),
+    "synchronize_clip": (_sgd, {}, 1, 1e-5),
+    "sparse_embedding": (lambda p: torch.optim.SGD(p, lr=0.5), {}, 1, 1e-5),
+    "sparse_as_dense": (lambda p: torch.optim.SGD(p, lr=0.5), {"sparse_as_dense": True}, 1, 1e-5),
+}
+STEPS = 4
+PER_RANK = 4
+
+
+def _model(config):
+    torch.manual_seed(0)
+    if config.startswith("sparse"):
+        return _Embed(sparse=True)
+    return _TwoPath()
+
+
+def _step_data(step, size, passes):
+    g = torch.Generator().manual_seed(1000 + step)
+    n = size * passes * PER_RANK
+    return torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)
+
+
+def _train(config, rank, size):
+    factory, kwargs, passes, tol = TRAIN_CONFIGS[config]
+    kwargs = dict(kwargs)
+    model, ref = _model(config), _model(config)
+    if kwargs.get("groups") == "fc1":
+        kwargs["groups"] = [[model.fc1.weight, model.fc1.bias]]
+    opt = hvd.DistributedOptimizer(factory(model.parameters()),
+                                   named_parameters=model.named_parameters(), **kwargs)
+    ref_opt = factory(ref.parameters())
+    # With Sum the ranks' gradients add up: the reference scales its (mean) loss to match.
+    scale = size if kwargs.get("op") == hvd.Sum else 1.0
+    for step in range(STEPS):
+        x, y = _step_data(step, size, passes)
+        chunks = list(zip(x.split(PER_RANK), y.split(PER_RANK)))  # rank-major, then pass
+        opt.zero_grad()
+        for p in range(passes):
+            cx, cy = chunks[rank * passes + p]
+            # The extra branch is used by the last rank's batches only.
+            use = config == "unused_param" and rank == size - 1
+            (F.mse_loss(model(cx, use), cy) / passes).backward()
+        if config == "synchronize_clip":
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+        ref_opt.zero_grad()
+        loss = 0.0
+        for i, (cx, cy) in enumerate(chunks):
+            use = config == "unused_param" and i // passes == size - 1
+            loss = loss + F.mse_loss(ref(cx, use), cy)
+        (loss * scale / len(chunks)).backward()
+        if config == "synchronize_clip":
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+        ref_opt.step()
+    diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
+    moved = max(float((a - b).abs().max()) for a, b in zip(model.parameters(),
+                                                           _model(config).parameters()))
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return {"diff": diff, "tol": tol, "moved": moved, "params": flat.tolist()}
+
+
+def train_equivalence():
+    """Every training config: max difference to the 1-process reference, and the weights."""
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    out = {}
+    for config in TRAIN_CONFIGS:
+        try:
+            out[config] = _train(config, rank, size)
+        except Exception as e:  # noqa: BLE001 - reported per config
+            out[config] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+# ----------------------------------------------------------------------------- broadcasts
+
+def _state_summary(opt):
+    sd = opt.state_dict()
+    state = {}
+    for pid, entries in sd["state"].items():
+        state[pid] = {k: (v.tolist() if isinstance(v, torch.Tensor) else v)
+                      for k, v in entries.items()}
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]]
+    return {"state": state, "groups": groups}
+
+
+def _local_steps(model, opt, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        opt.zero_grad()
+        F.mse_loss(model(torch.randn(4, 8, generator=g)), torch.randn(4, 4, generator=g)).backward()
+        opt.step()
+
+
+def broadcast_state():
+    """broadcast_parameters / broadcast_optimizer_state / objects from ranks that differ."""
+    hvd.init()
+    rank = hvd.rank()
+    out = {}
+    torch.manual_seed(rank)
+    model = _TwoPath()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    out["state_dict_root0"] = [p.tolist() for p in model.state_dict().values()]
+    torch.manual_seed(10 + rank)
+    model = _TwoPath()
+    hvd.broadcast_parameters(model.named_parameters(), root_rank=1)
+    out["named_root1"] = [p.tolist() for p in model.parameters()]
+    torch.manual_seed(20 + rank)
+    model = _TwoPath()
+    hvd.broadcast_parameters(list(model.parameters()), root_rank=0)
+    out["list_root0"] = [p.tolist() for p in model.parameters()]
+
+    makers = {
+        "adam": lambda ps, lr: torch.optim.Adam(ps, lr=lr),
+        "sgd_momentum": lambda ps, lr: torch.optim.SGD(ps, lr=lr, momentum=0.9),
+    }
+    # (steps taken by rank 0, steps taken by rank 1) before the broadcast from rank 0
+    scenarios = {"root_ahead": (2, 0), "other_ahead": (0, 3), "both_empty": (0, 0),
+                 "both_stepped": (1, 2)}
+    for opt_name, make in makers.items():
+        for scen, steps in scenarios.items():
+            torch.manual_seed(0)
+            model = _TwoPath()
+            opt = make(model.parameters(), 0.01 * (rank + 1))
+            _local_steps(model, opt, steps[rank], seed=rank)
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            hvd.broadcast_optimizer_state(opt, root_rank=0)
+            after = _state_summary(opt)
+            # The same further steps must now give the same weights on every rank.
+            _local_steps(model, opt, 2, seed=99)
+            out[f"{opt_name}/{scen}"] = {
+                "summary": after, "weights": [p.tolist() for p in model.parameters()]}
+    # Through a DistributedOptimizer, as Horovod scripts do it.
+    torch.manual_seed(rank)
+    model = _TwoPath()
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1)),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    _local_steps(model, opt, 2, seed=rank)  # different data, averaged gradients
+    out["distributed_adam"] = {"summary": _state_summary(opt),
+                               "weights": [p.tolist() for p in model.parameters()]}
+
+    out["object"] = hvd.broadcast_object({"rank": rank, "t": torch.arange(3) * rank} if rank == 1
+                                         else None, root_rank=1)
+    out["object"]["t"] = out["object"]["t"].tolist()
+    out["objects"] = hvd.allgather_object({"rank": rank, "payload": "x" * (rank * 1000)})
+    return out
+
+
+# ----------------------------------------------------------------------------- autograd
+
+def _w(seed, shape):
+    """Deterministic loss weights."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64)
+
+
+def _x(seed, shape):
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randn(shape, generator=g, dtype=torch.float64)
+
+
+def _err(got, want):
+    if got is None:
+        return "no gradient"
+    if got.shape != want.shape:
+        return f"gradient shape {tuple(got.shape)} != {tuple(want.shape)}"
+    d = float((got - want).abs().max()) if got.numel() else 0.0
+    return None if d < 1e-9 else f"max gradient error {d}"
+
+
+def _grad_cases(rank, size):
+    """{case: error or None}; each loss_r = sum(W_r * output_r), the total is the sum over ranks."""
+    out = {}
+    ranks = range(size)
+
+    # allreduce: d/dx_r = sum_q W_q (Sum), / size (Average), * pre * post
+    for op_name, pre, post in (("Sum", 1.0, 1.0), ("Average", 1.0, 1.0), ("Sum", 2.0, 3.0),
+                               ("Average", 0.5, 4.0)):
+        x = _x(rank, (3, 2)).requires_grad_()
+        y = hvd.allreduce(x, op=getattr(hvd, op_name), prescale_factor=pre,
+                          postscale_factor=post)
+        (_w(rank, (3, 2)) * y).sum().backward()
+        want = sum(_w(q, (3, 2)) for q in ranks) * pre * post
+        out[f"allreduce-{op_name}-{pre}-{post}"] = _err(
+            x.grad, want / size if op_name == "Average" else want)
+    # Max: the summed gradient goes to the rank holding the maximum
+    x = _x(rank, (4,)).requires_grad_()
+    (_w(rank, (4,)) * hvd.allreduce(x, op=hvd.Max)).sum().backward()
+    every = torch.stack([_x(q, (4,)) for q in ranks])
+    want = sum(_w(q, (4,)) for q in ranks) * (every.argmax(0) == rank)
+    out["allreduce-Max"] = _err(x.grad, want)
+    # grouped allreduce
+    xs = [_x(rank * 10 + k, (k + 1, 2)).requires_grad_() for k in range(3)]
+    ys = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    sum((_w(rank * 10 + k, (k + 1, 2)) * y).sum() for k, y in enumerate(ys)).backward()
+    out["grouped_allreduce-Sum"] = next(
+        (e for e in (_err(x.grad, sum(_w(q * 10 + k, (k + 1, 2)) for q in ranks))
+                     for k, x in enumerate(xs)) if e), None)
+
+    # allgather with uneven rows: the gradient of rank r's rows, summed over every loss
+    rows = [q + 1 for q in ranks]
+    total = sum(rows)
+    x = _x(rank, (rows[rank], 2)).requires_grad_()
+    (_w(rank, (total, 2)) * hvd.allgather(x, name="ag")).sum().backward()
+    off = sum(rows[:rank])
+    out["allgather"] = _err(x.grad, sum(_w(q, (total, 2)) for q in ranks)[off:off + rows[rank]])
+    xs = [_x(rank + 5 * k, (rows[rank] + k, 2)).requires_grad_() for k in range(2)]
+    ys = hvd.grouped_allgather(xs)
+    sum((_w(rank + k, y.shape) * y).sum() for k, y in enumerate(ys)).backward()
+    errs = []
+    for k, x in enumerate(xs):
+        rows_k = [r + 1 + k for r in ranks]
+        off = sum(rows_k[:rank])
+        full = sum(_w(q + k, (sum(rows_k), 2)) for q in ranks)
+        errs.append(_err(x.grad, full[off:off + rows_k[rank]]))
+    out["grouped_allgather"] = next((e for e in errs if e), None)
+
+    # broadcast: the root gets every rank's gradient, the others none
+    for root in (0, size - 1):
+        x = _x(rank, (2, 3)).requires_grad_()
+        (_w(rank, (2, 3)) * hvd.broadcast(x, root_rank=root)).sum().backward()
+        want = sum(_w(q, (2, 3)) for q in ranks) if rank == root \
+            else torch.zeros(2, 3, dtype=torch.float64)
+        out[f"broadcast-root{root}"] = _err(x.grad, want)
+
+    # alltoall with splits: rows sent to q receive q's weights for the rows from this rank
+    splits_of = [[(r + q) % 3 + 1 for q in ranks] for r in ranks]
+    x = _x(rank, (sum(splits_of[rank]), 2)).requires_grad_()
+    y, recv = hvd.alltoall(x, splits=splits_of[rank])
+    (_w(rank, tuple(y.shape)) * y).sum().backward()
+    parts = []
+    for q in ranks:
+        recv_q = [splits_of[src][q] for src in ranks]
+        wq = _w(q, (sum(recv_q), 2))
+        off = sum(recv_q[:rank])
+        parts.append(wq[off:off + splits_of[rank][q]])
+    out["alltoall"] = _err(x.grad, torch.cat(parts))
+
+    # reducescatter (7 rows): d/dx_r = concatenation of every rank's weights (/ size for Average)
+    rows = [7 // size + (1 if q < 7 % size else 0) for q in ranks]
+    for op_name in ("Sum", "Average"):
+        x = _x(rank, (7, 2)).requires_grad_()
+        y = hvd.reducescatter(x, op=getattr(hvd, op_name))
+        (_w(rank, (rows[rank], 2)) * y).sum().backward()
+        want = torch.cat([_w(q, (rows[q], 2)) for q in ranks])
+        out[f"reducescatter-{op_name}"] = _err(x.grad, want / size if op_name == "Average"
+                                               else want)
+    xs = [_x(rank + k, (7, 2)).requires_grad_() for k in range(2)]
+    ys = hvd.grouped_reducescatter(xs, op=hvd.Sum)
+    sum((_w(rank * 3 + k, tuple(y.shape)) * y).sum() for k, y in enumerate(ys)).backward()
+    out["grouped_reducescatter"] = next(
+        (e for e in (_err(x.grad, torch.cat([_w(q * 3 + k, (rows[q], 2)) for q in ranks]))
+                     for k, x in enumerate(xs)) if e), None)
+    return out
+
+
+def _sync_bn_case(rank, size, shape_of, affine=True):
+    """SyncBatchNorm on each rank's batch vs BatchNorm on the union, forward and backward."""
+    channels = shape_of(0)[1]
+    xs = [_x(100 + q, shape_of(q)).float() for q in range(size)]
+    ws = [_w(200 + q, shape_of(q)).float() for q in range(size)]
+    torch.manual_seed(0)
+    sbn = hvd.SyncBatchNorm(channels, affine=affine)
+    ref = torch.nn.BatchNorm1d(channels, affine=affine) if len(shape_of(0)) <= 3 \
+        else torch.nn.BatchNorm2d(channels, affine=affine)
+    if affine:
+        with torch.no_grad():
+            for m in (sbn, ref):
+                m.weight.copy_(torch.linspace(0.5, 1.5, channels))
+                m.bias.copy_(torch.linspace(-0.2, 0.2, channels))
+    errors = []
+    for it in range(2):  # twice: running statistics accumulate
+        x = xs[rank].clone().requires_grad_()
+        y = sbn(x)
+        (ws[rank] * y).sum().backward()
+        full = torch.cat(xs).requires_grad_()
+        yr = ref(full)
+        (torch.cat(ws) * yr).sum().backward()
+        off = sum(shape_of(q)[0] for q in range(rank))
+        n = shape_of(rank)[0]
+
+        def close(a, b, what):
+            d = float((a - b).abs().max())
+            if d > 1e-4:
+                errors.append(f"iteration {it}: {what} differs by {d}")
+
+        close(y, yr[off:off + n], "output")
+        close(x.grad, full.grad[off:off + n], "input gradient")
+        close(sbn.running_mean, ref.running_mean, "running_mean")
+        close(sbn.running_var, ref.running_var, "running_var")
+        if affine:
+            close(hvd.allreduce(sbn.weight.grad, op=hvd.Sum), ref.weight.grad, "weight gradient")
+            close(hvd.allreduce(sbn.bias.grad, op=hvd.Sum), ref.bias.grad, "bias gradient")
+            sbn.zero_grad()
+            ref.zero_grad()
+    sbn.eval()
+    ref.eval()
+    close(sbn(xs[rank]), ref(xs[rank]), "eval output")
+    return errors[0] if errors else None
+
+
+def autograd_and_sync_bn():
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    out = _grad_cases(rank, size)
+    out["sync_bn-3d-even"] = _sync_bn_case(rank, size, lambda q: (4, 3, 5))
+    out["sync_bn-4d-uneven"] = _sync_bn_case(rank, size, lambda q: (2 + 3 * q, 2, 3, 3))
+    out["sync_bn-2d-no_affine"] = _sync_bn_case(rank, size, lambda q: (5 + q, 4), affine=False)
+    return out
+
+
+def join_uneven():
+    """Rank 0 runs out of data first; the others keep reducing with its zeros."""
+    hvd.init()
+    rank = hvd.rank()
+    sums = [hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="step").item()
+            for _ in range(2 + rank)]
+    return {"sums": sums, "last": hvd.join()}
+
+
+# ----------------------------------------------------------------------------- errors
+
+def _error_text(fn):
+    try:
+        fn()
+        return None
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+def errors():
+    """Every error case on 2 ranks, each followed by a collective proving the runtime is usable."""
+    hvd.init()
+    rank = hvd.rank()
+    out = {}
+    out["dtype"] = _error_text(lambda: hvd.allreduce(
+        torch.ones(3, dtype=torch.float32 if rank == 0 else torch.float64), name="w_dtype"))
+    out["shape"] = _error_text(lambda: hvd.allreduce(torch.ones(rank + 2), name="w_shape"))
+    out["gather_dims"] = _error_text(lambda: hvd.allgather(torch.ones(2, rank + 1),
+                                                           name="w_gather"))
+    out["after_mismatch"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="after").item()
+
+    # A name reused while its first operation is still in flight (rank 0 only).
+    def duplicate():
+        h = hvd.allreduce_async(torch.ones(3), name="dup") if rank == 0 else None
+        try:
+            if rank == 0:
+                hvd.allreduce_async(torch.ones(3), name="dup")
+        finally:
+            if rank != 0:
+                time.sleep(0.2)
+                hvd.allreduce(torch.ones(3), name="dup")
+            else:
+                hvd.synchronize(h, timeout=30)
+    out["duplicate"] = _error_text(duplicate)
+
+    # Models whose shapes differ between ranks: the optimizer's allreduce names the parameter.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3 + rank), torch.nn.Linear(3 + rank, 1))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    out["optimizer_shapes"] = _error_text(opt.step)
+    del opt
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=1,
+                                   named_parameters=model.named_parameters())
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    out["optimizer_group_shapes"] = _error_text(opt.step)
+    del opt, model
+
+    # Wrapping the same model again after dropping the first wrapper: the old hooks are
+    # gone (each gradient reduced once: with Sum over identical ranks, exactly 2x).
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    first = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), op=hvd.Sum,
+                                     named_parameters=model.named_parameters())
+    del first
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), op=hvd.Sum,
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    # The hooks started the allreduces during backward, before step().
+    out["started_in_backward"] = len(opt._handles)
+    opt.step()
+    out["rewrapped_grad"] = model.bias.grad.tolist()
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    out["zero_grad_race"] = _error_text(opt.zero_grad)
+    opt.step()
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    out["too_many_passes"] = _error_text(lambda: model(torch.ones(2, 4)).sum().backward())
+    opt.step()
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    out["step_after_synchronize_warns"] = [str(w.message)[:60] for w in caught]
+    out["adasum"] = _error_text(lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum))
+    out["bad_splits"] = _error_text(lambda: hvd.alltoall(torch.ones(4), splits=[1, 1]))
+    out["uneven_default_splits"] = _error_text(lambda: hvd.alltoall(torch.ones(3)))
+    out["final"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="final").item()
+    return out
