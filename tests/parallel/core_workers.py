@@ -374,3 +374,13 @@ def mpi4py_split():
            "threads": sdl.mpi_threads_supported(), "mpi_enabled": sdl.mpi_enabled()}
     sdl.shutdown()
     return out
+
+
+def grouped_allgather():
+    """A group of allgathers is negotiated together and every member runs."""
+    sdl.init()
+    rank = sdl.rank()
+    handles = [_ops.submit("allgather", f"gg.{i}", np.full(rank + 1, i, np.int32),
+                           finish=lambda o, i: np.from_dlpack(_ops.DLPackTensor(o[0])),
+                           group="gg", group_size=3) for i in range(3)]
+    return [h.wait(timeout=30).tolist() for h in handles]

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from spark_dl.common import ops
 import spark_dl.numpy as sdl
 from spark_dl.common import knobs
 
@@ -53,6 +54,7 @@ def test_size_one_results(initialized):
     (lambda: sdl.alltoall(np.ones(4), splits=[2, 2]), "one split per rank"),
     (lambda: sdl.allreduce(np.ones(2, np.complex64)), "unsupported tensor dtype"),
     (lambda: sdl.allreduce(np.ones(2), op=sdl.Adasum), "Adasum"),
+    (lambda: ops.submit("allreduce", "no_out", np.ones(3)), "needs an output tensor"),
 ])
 def test_invalid_arguments_raise_before_enqueue(initialized, call, match):
     with pytest.raises(sdl.InvalidArgumentError, match=match):
