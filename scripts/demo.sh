@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up the machine (scripts/setup.sh) and runs the main demo on 2 local ranks.
+# Sets up the machine (scripts/setup.sh) and runs the main demo: a TorchEstimator fit
+# and transform on local Spark (local[2], a temporary LocalStore, Gloo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
-exec .venv/bin/sdlrun -np 2 .venv/bin/python examples/allreduce_demo.py
+exec .venv/bin/python examples/spark/torch_estimator_demo.py

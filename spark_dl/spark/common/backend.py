@@ -1,0 +1,119 @@
+"""Backends: what runs an estimator's training function on its workers.
+
+An estimator hands its backend one function and its arguments; the backend runs it on
+``num_processes()`` workers that can reach each other with ``spark_dl``'s collectives and
+returns the results ordered by rank. :class:`SparkBackend` (the default) does that with
+:func:`spark_dl.spark.run`, inside the running Spark application. A custom backend (the
+estimator's ``backend`` param) implements :class:`Backend`; Horovod-style backends whose
+``run`` takes only ``(fn, args, kwargs, env)`` work too: the estimator passes the output
+streams only to a ``run`` that accepts them.
+"""
+
+import abc
+import inspect
+from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
+
+__all__ = ["Backend", "SparkBackend", "run_on_backend"]
+
+
+class Backend(abc.ABC):
+    """Runs a function on a group of training workers."""
+
+    @abc.abstractmethod
+    def run(self, fn: Callable, args: Sequence = (), kwargs: Optional[Mapping] = None,
+            env: Optional[Mapping[str, str]] = None, stdout: Optional[TextIO] = None,
+            stderr: Optional[TextIO] = None) -> List[Any]:
+        """Runs ``fn(*args, **kwargs)`` on every worker; returns the results by rank.
+
+        ``env`` is added to each worker's environment; ``stdout``/``stderr`` receive the
+        workers' output lines (rank-prefixed).
+        """
+
+    @abc.abstractmethod
+    def num_processes(self) -> int:
+        """How many workers :meth:`run` starts."""
+
+
+class SparkBackend(Backend):
+    """Runs the function on Spark-hosted workers with :func:`spark_dl.spark.run`.
+
+    Args:
+        num_proc: number of workers (default: the SparkContext's default parallelism,
+            read when first needed).
+        env: variables set in every worker.
+        stdout, stderr: default streams for the workers' output (an estimator passes its
+            own, which show progress).
+        prefix_output_with_timestamp, start_timeout, verbose, nics, use_mpi, use_gloo,
+            extra_mpi_args: as for :func:`spark_dl.spark.run`.
+    """
+
+    def __init__(self, num_proc: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
+                 stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
+                 prefix_output_with_timestamp: bool = False,
+                 start_timeout: Optional[float] = None, verbose: int = 1,
+                 nics: Optional[Sequence[str]] = None, use_mpi: Optional[bool] = None,
+                 use_gloo: Optional[bool] = None, extra_mpi_args: Optional[str] = None):
+        if num_proc is not None and int(num_proc) < 1:
+            raise ValueError(f"num_proc must be at least 1, got {num_proc}")
+        self._num_proc = None if num_proc is None else int(num_proc)
+        self._env = dict(env or {})
+        self._stdout = stdout
+        self._stderr = stderr
+        self._options = dict(prefix_output_with_timestamp=prefix_output_with_timestamp,
+                             start_timeout=start_timeout, verbose=verbose, nics=nics,
+                             use_mpi=use_mpi, use_gloo=use_gloo, extra_mpi_args=extra_mpi_args)
+
+    def __getstate__(self):
+        # Streams do not pickle (an estimator holding this backend may be saved).
+        state = dict(self.__dict__)
+        state["_stdout"] = state["_stderr"] = None
+        return state
+
+    def run(self, fn, args=(), kwargs=None, env=None, stdout=None, stderr=None):
+        from spark_dl.spark.runner import run
+
+        merged = dict(self._env)
+        merged.update(env or {})
+        return run(fn, args=args, kwargs=kwargs, num_proc=self.num_processes(), env=merged,
+                   stdout=stdout or self._stdout, stderr=stderr or self._stderr,
+                   **self._options)
+
+    def check_capacity(self) -> None:
+        """Raises ``NotEnoughSlotsError`` at once when the Spark application cannot run
+        :meth:`num_processes` tasks together (an estimator calls it before preparing data;
+        it waits up to the start timeout for executors that are still registering)."""
+        from pyspark import SparkContext
+
+        from spark_dl.spark.driver.slots import check_slots
+        from spark_dl.spark.runner import _start_timeout
+
+        sc = SparkContext._active_spark_context
+        if sc is not None:
+            check_slots(sc, self.num_processes(),
+                        wait_s=_start_timeout(self._options["start_timeout"]))
+
+    def num_processes(self) -> int:
+        if self._num_proc is None:
+            from pyspark import SparkContext
+
+            sc = SparkContext._active_spark_context
+            if sc is None:
+                raise RuntimeError("SparkBackend needs an active SparkContext to choose "
+                                   "num_proc: create a SparkSession or pass num_proc")
+            self._num_proc = sc.defaultParallelism
+        return self._num_proc
+
+
+def run_on_backend(backend, fn: Callable, args: Sequence, env: Mapping[str, str],
+                   stdout: TextIO, stderr: TextIO) -> List[Any]:
+    """``backend.run(...)``, passing the streams only if its ``run`` accepts them."""
+    try:
+        accepted = inspect.signature(backend.run).parameters
+        takes_streams = ("stdout" in accepted and "stderr" in accepted) or any(
+            p.kind == inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    except (TypeError, ValueError):
+        takes_streams = False
+    if takes_streams:
+        return backend.run(fn, args=args, kwargs={}, env=dict(env), stdout=stdout,
+                           stderr=stderr)
+    return backend.run(fn, args=args, kwargs={}, env=dict(env))

@@ -1,0 +1,378 @@
+"""Estimator and model parameters, defined once in tables and turned into pyspark.ml Params.
+
+Every parameter is one :class:`ParamSpec` row: name, doc, default, type converter, and
+whether ML persistence writes it as JSON or pickles it. :func:`define_params` turns rows
+into what pyspark.ml expects: a class-level :class:`~pyspark.ml.param.Param`, a getter and a
+setter (``num_proc`` -> ``getNumProc`` / ``setNumProc``, plus Horovod's spellings where they
+differ, e.g. ``setShufflingBufferSize``). :func:`params_signature` gives the keyword-only
+constructors an honest signature and docstring built from the same rows.
+
+The shared rows (:data:`ESTIMATOR_PARAMS`, :data:`MODEL_PARAMS`) carry Horovod's names so a
+``horovod.spark`` user switches by changing imports; each framework adds its own rows
+(``spark_dl.spark.torch.estimator.TORCH_PARAMS``).
+
+Converters check values when they are set, so a bad value fails in the constructor with the
+parameter's name (pyspark prefixes converter ``TypeError`` messages with it); ``ValueError``
+messages name the parameter themselves.
+"""
+
+import dataclasses
+import inspect
+import numbers
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
+
+from pyspark.ml.param import Param, Params, TypeConverters
+
+__all__ = ["ParamSpec", "define_params", "set_param_defaults", "check_param_names",
+           "params_signature", "params_doc", "accessor_stem", "ESTIMATOR_PARAMS",
+           "MODEL_PARAMS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSpec:
+    """One parameter.
+
+    Attributes:
+        name: the Param name (Horovod's).
+        doc: one line for ``explainParams`` and the generated docs.
+        default: its default; must be JSON-serializable (None for pickled params), since
+            pyspark writes defaults into the saved metadata.
+        converter: checks and normalizes a value (``TypeError``/``ValueError`` when bad).
+        pickled: saved with cloudpickle (objects, functions) rather than as JSON.
+        accessor: stem of the getter/setter (default: ``num_proc`` -> ``NumProc``).
+        aliases: more stems, for Horovod's spellings that differ from the generated one.
+    """
+
+    name: str
+    doc: str
+    default: Any = None
+    converter: Callable[[Any], Any] = TypeConverters.identity
+    pickled: bool = False
+    accessor: Optional[str] = None
+    aliases: Tuple[str, ...] = ()
+
+
+def accessor_stem(name: str) -> str:
+    """``num_proc`` -> ``NumProc`` (the part after ``get``/``set``)."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
+
+
+# ----------------------------------------------------------------------------- converters
+# Each returns the normalized value or raises TypeError (wrong kind) / ValueError (bad value).
+# None always passes: it means "not set / use the default behaviour".
+
+
+def _int(name: str, minimum: int = 0):
+    def convert(value):
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        return int(value)
+    return convert
+
+
+def _bool(name: str):
+    def convert(value):
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+        return value
+    return convert
+
+
+def _str(name: str):
+    def convert(value):
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"{name} must be a non-empty str, got {value!r}")
+        return value
+    return convert
+
+
+def _columns(name: str):
+    """A list of column names; one str is one column."""
+    def convert(value):
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(c, str) and c
+                                                           for c in value):
+            raise TypeError(f"{name} must be a list of column names, got {value!r}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"{name} lists a column twice: {list(value)}")
+        return list(value)
+    return convert
+
+
+def _shapes(name: str):
+    """A list of shapes (lists of ints, one -1 allowed for the batch), one per column."""
+    def convert(value):
+        if value is None:
+            return None
+        example = f"e.g. {name}=[[-1, 1, 28, 28]] for one column of 784 values"
+        if not isinstance(value, (list, tuple)) or not all(isinstance(s, (list, tuple))
+                                                           for s in value):
+            raise TypeError(f"{name} must be a list of shapes, one per column ({example}), "
+                            f"got {value!r}")
+        shapes = []
+        for s in value:
+            if not s or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool)
+                                for d in s):
+                raise TypeError(f"{name}: shape {s!r} must be a non-empty list of ints "
+                                f"({example})")
+            if sum(1 for d in s if d == -1) > 1 or any(d == 0 or d < -1 for d in s):
+                raise ValueError(f"{name}: shape {list(s)} must have positive sizes and at "
+                                 f"most one -1 ({example})")
+            shapes.append([int(d) for d in s])
+        return shapes
+    return convert
+
+
+def _floats(name: str):
+    def convert(value):
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
+            raise TypeError(f"{name} must be a list of numbers, got {value!r}")
+        return [float(v) for v in value]
+    return convert
+
+
+def _validation(value):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value:
+            raise TypeError("validation must be a fraction in (0, 1) or a column name, got ''")
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"validation must be a fraction in (0, 1) or a column name, "
+                        f"got {value!r}")
+    if not 0 < value < 1:
+        raise ValueError(f"validation fraction must be in (0, 1), got {value}; e.g. 0.1")
+    return float(value)
+
+
+def _callables(name: str, allow_single: bool = True):
+    """A callable or a list of callables (kept as given, for persistence)."""
+    def convert(value):
+        if value is None:
+            return None
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if not allow_single and not isinstance(value, (list, tuple)):
+            raise TypeError(f"{name} must be a list of callables, got {value!r}")
+        bad = [v for v in items if not callable(v)]
+        if bad:
+            raise TypeError(f"{name} must be a callable or a list of callables; "
+                            f"{bad[0]!r} is not callable")
+        return list(value) if isinstance(value, tuple) else value
+    return convert
+
+
+def _callable(name: str):
+    def convert(value):
+        if value is not None and not callable(value):
+            raise TypeError(f"{name} must be callable, got {value!r}")
+        return value
+    return convert
+
+
+def _list(name: str):
+    def convert(value):
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return list(value)
+    return convert
+
+
+def _verbose(value):
+    value = _int("verbose")(value)
+    if value is not None and value > 2:
+        raise ValueError(f"verbose must be 0, 1 or 2, got {value}")
+    return value
+
+
+def _dict(name: str):
+    def convert(value):
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"{name} must be a dict, got {value!r}")
+        return value
+    return convert
+
+
+# ----------------------------------------------------------------------------- tables
+
+#: Parameters every estimator shares (Horovod's ``EstimatorParams``).
+ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
+    ParamSpec("num_proc", "number of training processes (default: the Spark application's "
+              "default parallelism); exclusive with backend", None, _int("num_proc", 1)),
+    ParamSpec("model", "the model to train; fit() trains a copy and leaves it unchanged",
+              None, pickled=True),
+    ParamSpec("optimizer", "the optimizer, constructed over the model's parameters", None,
+              pickled=True),
+    ParamSpec("loss", "loss function(output, label), or one per label column", None,
+              _callables("loss"), pickled=True),
+    ParamSpec("loss_weights", "weight of each label column's loss in the total", None,
+              _floats("loss_weights")),
+    ParamSpec("metrics", "metric functions(output, label) averaged over rows and workers "
+              "each epoch", None, _callables("metrics"), pickled=True),
+    ParamSpec("feature_cols", "feature column names, one model input each", None,
+              _columns("feature_cols")),
+    ParamSpec("label_cols", "label column names, one model output each", None,
+              _columns("label_cols")),
+    ParamSpec("sample_weight_col", "column of per-row loss weights", None,
+              _str("sample_weight_col")),
+    ParamSpec("validation", "fraction of rows for validation, or a boolean/numeric column "
+              "marking validation rows", None, _validation),
+    ParamSpec("batch_size", "rows per training batch on each worker", 32,
+              _int("batch_size", 1)),
+    ParamSpec("val_batch_size", "rows per validation batch (default: batch_size)", None,
+              _int("val_batch_size", 1)),
+    ParamSpec("epochs", "number of passes over the training data", 1, _int("epochs", 1)),
+    ParamSpec("train_steps_per_epoch", "training batches per epoch and worker (default: one "
+              "pass over the data)", None, _int("train_steps_per_epoch", 1)),
+    ParamSpec("validation_steps_per_epoch", "validation batches per epoch and worker "
+              "(default: one pass over the validation data)", None,
+              _int("validation_steps_per_epoch", 1)),
+    ParamSpec("shuffle_buffer_size", "rows in each worker's shuffle buffer (0: shuffle row "
+              "groups only; default: the data loader's)", None,
+              _int("shuffle_buffer_size", 0), aliases=("ShufflingBufferSize",)),
+    ParamSpec("partitions_per_process", "Parquet files per training process written by "
+              "the data preparation", 10, _int("partitions_per_process", 1)),
+    ParamSpec("gradient_compression", "compression of gradients between workers "
+              "(e.g. spark_dl.torch.Compression.fp16)", None, pickled=True),
+    ParamSpec("backward_passes_per_step", "batches whose gradients accumulate locally "
+              "before one averaged optimizer step", 1, _int("backward_passes_per_step", 1)),
+    ParamSpec("transformation_fn", "function applied on the workers to each training and "
+              "validation batch (a dict column -> tensor), returning the batch", None,
+              _callable("transformation_fn"), pickled=True),
+    ParamSpec("label_shapes", "shape of each label column's tensors (default: reshaped to "
+              "the matching output when the sizes agree)", None, _shapes("label_shapes")),
+    ParamSpec("callbacks", "callbacks run on every worker during training", None,
+              _list("callbacks"), pickled=True),
+    ParamSpec("store", "the Store for prepared data, checkpoints and logs (default: a "
+              "temporary local one, on local masters only)", None, pickled=True),
+    ParamSpec("run_id", "name of the run in the store; fitting again with the same run_id "
+              "resumes after its last finished epoch (default: a new name)", None,
+              _str("run_id")),
+    ParamSpec("random_seed", "seed of the data shuffling and of the framework's random "
+              "generators", None, _int("random_seed")),
+    ParamSpec("terminate_on_nan", "stop training when a batch loss is NaN or infinite",
+              False, _bool("terminate_on_nan")),
+    ParamSpec("inmemory_cache_all", "keep each worker's decoded training and validation "
+              "rows in memory after the first epoch", False, _bool("inmemory_cache_all"),
+              accessor="InMemoryCacheAll"),
+    ParamSpec("train_reader_num_workers", "reader threads of each worker's training data "
+              "loader", 2, _int("train_reader_num_workers", 1),
+              aliases=("TrainReaderNumWorker",)),
+    ParamSpec("val_reader_num_workers", "reader threads of each worker's validation data "
+              "loader", 2, _int("val_reader_num_workers", 1),
+              aliases=("ValReaderNumWorker",)),
+    ParamSpec("use_gpu", "train on the GPU Spark assigned to each worker when CUDA is "
+              "available", True, _bool("use_gpu")),
+    ParamSpec("verbose", "0 quiet, 1 a line per epoch and a progress bar, 2 also data "
+              "preparation and launch details", 1, _verbose),
+    ParamSpec("backend", "runs the training function on the workers (default: "
+              "SparkBackend(num_proc)); exclusive with num_proc", None, pickled=True),
+)
+
+#: Parameters every trained model shares (Horovod's ``ModelParams``).
+MODEL_PARAMS: Tuple[ParamSpec, ...] = (
+    ParamSpec("feature_columns", "feature columns, one model input each", None,
+              _columns("feature_columns")),
+    ParamSpec("label_columns", "label columns the model was trained on", None,
+              _columns("label_columns")),
+    ParamSpec("output_cols", "columns transform() adds, one per model output (default: "
+              "'<label>__output')", None, _columns("output_cols")),
+    ParamSpec("history", "per-epoch training history: metric name -> list of values", None,
+              _dict("history")),
+    ParamSpec("model", "the trained model", None, pickled=True),
+    ParamSpec("run_id", "the run that trained the model", None, _str("run_id")),
+    ParamSpec("metadata", "what training saw of each feature and label column (kind, "
+              "dtype, shape)", None, _dict("metadata")),
+)
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def _getter(name: str, stem: str, doc: str):
+    def get(self):
+        return self.getOrDefault(name)
+    get.__name__ = f"get{stem}"
+    get.__doc__ = f"Gets the value of ``{name}``: {doc}."
+    get._spark_dl_generated = True
+    return get
+
+
+def _setter(name: str, stem: str, doc: str):
+    def set_(self, value):
+        return self._set(**{name: value})
+    set_.__name__ = f"set{stem}"
+    set_.__doc__ = f"Sets ``{name}``: {doc}. Returns self."
+    set_._spark_dl_generated = True
+    return set_
+
+
+def define_params(*tables: Iterable[ParamSpec]):
+    """Class decorator adding a Param, getter and setter for every row of ``tables``.
+
+    A row with the name of an inherited one replaces it (a framework may refine a shared
+    row). Accessors written by hand (in the class or a base) are kept. The class gets
+    ``_param_specs`` (name -> ParamSpec, base classes' rows included) for
+    :func:`set_param_defaults` and persistence.
+    """
+    def apply(cls):
+        specs: Dict[str, ParamSpec] = dict(getattr(cls, "_param_specs", {}))
+        for spec in (s for table in tables for s in table):
+            specs[spec.name] = spec
+            setattr(cls, spec.name, Param(Params._dummy(), spec.name, spec.doc,
+                                          spec.converter))
+            for stem in (spec.accessor or accessor_stem(spec.name),) + tuple(spec.aliases):
+                for prefix, make in (("get", _getter), ("set", _setter)):
+                    existing = getattr(cls, prefix + stem, None)
+                    if existing is None or getattr(existing, "_spark_dl_generated", False):
+                        setattr(cls, prefix + stem, make(spec.name, stem, spec.doc))
+        cls._param_specs = specs
+        return cls
+    return apply
+
+
+def set_param_defaults(instance: Params) -> None:
+    """Sets every table default on ``instance`` (call from ``__init__``)."""
+    instance._setDefault(**{s.name: s.default for s in type(instance)._param_specs.values()})
+
+
+def check_param_names(instance: Params, kwargs: Dict[str, Any]) -> None:
+    """TypeError naming unknown keyword arguments and listing the known ones."""
+    known = type(instance)._param_specs
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise TypeError(f"{type(instance).__name__} got unknown parameter(s) {unknown}; "
+                        f"known parameters: {sorted(known)}")
+
+
+def params_signature(specs: Sequence[ParamSpec]) -> inspect.Signature:
+    """A keyword-only signature ``(self, *, name=default, ...)`` for generated constructors."""
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    parameters += [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default)
+                   for s in specs]
+    return inspect.Signature(parameters)
+
+
+def params_doc(specs: Sequence[ParamSpec]) -> str:
+    """A Google-style ``Args:`` section listing ``specs``."""
+    lines = ["Args:"]
+    for s in specs:
+        default = "" if s.default is None else f" Default: {s.default!r}."
+        lines.append(f"    {s.name}: {s.doc}.{default}")
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""ML persistence for estimators and models whose params include Python objects.
+
+``instance.write().save(path)`` writes, through Spark (so any path Spark can write works:
+local, HDFS, S3A, DBFS):
+
+    <path>/metadata/   pyspark's params metadata (class, uid, JSON-valued params, defaults)
+    <path>/data/       the pickled params (model, optimizer, loss, ...) as one cloudpickle
+                       blob, base64 text in numbered lines
+
+``Cls.load(path)`` reads both back. Classes that include :class:`PersistableParams` and were
+built with :func:`~spark_dl.spark.common.params.define_params` get this behaviour; they load
+inside ``Pipeline``/``PipelineModel`` too, since pyspark's pipeline reader calls
+``Cls.load`` for Python stages.
+
+The blob goes through the driver (base64 in memory, read back with ``collect``), which suits
+models up to a few hundred MB; ``spark.driver.maxResultSize`` bounds what can be loaded.
+"""
+
+import base64
+import json
+import os
+
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, \
+    MLWritable, MLWriter
+
+__all__ = ["PersistableParams", "ParamsWriter", "ParamsReader"]
+
+_LINE_BYTES = 3 << 20  # raw bytes per text line (4 MiB of base64)
+FORMAT_VERSION = 1
+
+
+def _split(instance):
+    """(JSON params, pickled params) that are set on ``instance``."""
+    specs = type(instance)._param_specs
+    plain, pickled = {}, {}
+    for name, spec in specs.items():
+        param = instance.getParam(name)
+        if not instance.isSet(param):
+            continue
+        value = instance.getOrDefault(param)
+        if spec.pickled:
+            pickled[name] = value
+        else:
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"param {name!r} of {type(instance).__name__} holds "
+                                f"{value!r}, which cannot be saved as JSON: {e}") from None
+            plain[name] = value
+    return plain, pickled
+
+
+def _write_blob(spark, path: str, data: bytes) -> None:
+    text = base64.b64encode(data).decode("ascii")
+    step = _LINE_BYTES * 4 // 3
+    lines = [f"{i:09d} {text[start:start + step]}"
+             for i, start in enumerate(range(0, max(len(text), 1), step))]
+    spark.createDataFrame([(line,) for line in lines], "value string").coalesce(1) \
+        .write.text(path)
+
+
+def _read_blob(spark, path: str) -> bytes:
+    rows = spark.read.text(path).collect()
+    parts = sorted((int(r[0][:9]), r[0][10:]) for r in rows)
+    if [i for i, _ in parts] != list(range(len(parts))):
+        raise ValueError(f"{path} is incomplete: lines {[i for i, _ in parts]}")
+    return base64.b64decode("".join(p for _, p in parts))
+
+
+class ParamsWriter(MLWriter):
+    """Writes an instance's JSON params as pyspark metadata and the others as a blob."""
+
+    def __init__(self, instance):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        from spark_dl.spark.pickling import pickler
+
+        plain, pickled = _split(self.instance)
+        try:
+            blob = pickler().dumps(pickled)
+        except Exception as e:
+            raise TypeError(f"cannot save {type(self.instance).__name__}: one of the params "
+                            f"{sorted(pickled)} cannot be pickled ({type(e).__name__}: {e})"
+                            ) from e
+        extra = {"spark_dl": {"format": FORMAT_VERSION, "pickled_params": sorted(pickled)}}
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
+                                         extraMetadata=extra, paramMap=plain)
+        _write_blob(self.sparkSession, os.path.join(path, "data"), blob)
+
+
+class ParamsReader(MLReader):
+    """Reads what :class:`ParamsWriter` wrote into a new instance of ``cls``."""
+
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str):
+        from spark_dl.spark.pickling import pickler
+
+        expected = f"{self.cls.__module__}.{self.cls.__name__}"
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession, expected)
+        fmt = metadata.get("spark_dl", {}).get("format")
+        if fmt != FORMAT_VERSION:
+            raise ValueError(f"{path} was saved in format {fmt!r}; this spark_dl reads "
+                             f"format {FORMAT_VERSION}")
+        instance = self.cls()
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        pickled = pickler().loads(_read_blob(self.sparkSession, os.path.join(path, "data")))
+        instance._set(**pickled)
+        return instance
+
+
+class PersistableParams(MLReadable, MLWritable):
+    """Mixin: ``write()`` / ``read()`` / ``load()`` through the two classes above."""
+
+    def write(self) -> MLWriter:
+        """An MLWriter saving this instance (``.overwrite()`` replaces an existing path)."""
+        return ParamsWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        """An MLReader loading instances of this class."""
+        return ParamsReader(cls)

@@ -1,0 +1,336 @@
+"""``TorchEstimator``: trains a PyTorch model on a Spark DataFrame, data-parallel.
+
+The flow is the shared one (:mod:`spark_dl.spark.common.estimator`); this module adds the
+PyTorch parts: the checks of model, optimizer and losses, a dry run of the model and loss on
+two rows of the prepared data on the driver (so shape and dtype mistakes fail before any
+worker starts, naming the shapes), the :class:`~spark_dl.spark.torch.remote.TrainSpec` the
+workers receive, and the :class:`~spark_dl.spark.torch.model.TorchModel` built from rank 0's
+result.
+"""
+
+import time
+from typing import List
+
+import torch
+from pyspark import keyword_only
+
+from spark_dl.spark.common.backend import run_on_backend
+from spark_dl.spark.common.dataset import Dataset
+from spark_dl.spark.common.estimator import EstimatorBase
+from spark_dl.spark.common.params import (ESTIMATOR_PARAMS, ParamSpec, _callable, _callables,
+                                          _shapes, define_params, params_doc,
+                                          params_signature)
+from spark_dl.spark.common.progress import ProgressDisplay
+from spark_dl.spark.torch import remote, util
+from spark_dl.spark.torch.model import TorchModel
+
+__all__ = ["TorchEstimator", "TORCH_PARAMS"]
+
+#: The PyTorch-only rows (the shared ones are ``ESTIMATOR_PARAMS``).
+TORCH_PARAMS = (
+    ParamSpec("loss_constructors", "functions called on each worker to build the loss "
+              "functions (instead of loss, for losses that cannot be pickled)", None,
+              _callables("loss_constructors", allow_single=False), pickled=True),
+    ParamSpec("train_minibatch_fn", "custom training step train_minibatch(model, optimizer, "
+              "transform_outputs, loss_fn, inputs, labels, sample_weights) -> (outputs, "
+              "loss)", None, _callable("train_minibatch_fn"), pickled=True),
+    ParamSpec("input_shapes", "shape of each feature column's model input, e.g. "
+              "[[-1, 1, 28, 28]] (default: [-1, n] for n values per row, [-1, 1] for "
+              "scalars)", None, _shapes("input_shapes")),
+)
+
+
+def _pickle_or_explain(spec: remote.TrainSpec) -> bytes:
+    """cloudpickle of ``spec``; on failure, an error naming the param that cannot travel."""
+    from spark_dl.spark.pickling import pickler
+
+    cp = pickler()
+    try:
+        return cp.dumps(spec)
+    except Exception as first:
+        for field, value in vars(spec).items():
+            try:
+                cp.dumps(value)
+            except Exception as e:
+                raise TypeError(
+                    f"{field} cannot be sent to the workers: cloudpickle failed with "
+                    f"{type(e).__name__}: {e}. Define classes and functions at module level "
+                    "(in the main script or an importable module); objects holding locks, "
+                    "open files, sockets or a SparkContext cannot be shipped") from e
+        raise TypeError(f"the training function's arguments cannot be pickled: {first}") \
+            from first
+
+
+@define_params(TORCH_PARAMS)
+class TorchEstimator(EstimatorBase):
+    """Trains a ``torch.nn.Module`` on a Spark DataFrame with ``num_proc`` data-parallel
+    workers and returns a :class:`~spark_dl.spark.torch.TorchModel`.
+
+    Parameters follow ``horovod.spark.torch.TorchEstimator``'s names; each has a getter and
+    a setter (``getBatchSize``/``setBatchSize``)::
+
+        est = TorchEstimator(num_proc=2, model=net, optimizer=opt, loss=F.mse_loss,
+                             feature_cols=["features"], label_cols=["y"],
+                             batch_size=64, epochs=5, validation=0.1,
+                             store=Store.create("/tmp/spark_dl"))
+        torch_model = est.fit(df)              # a TorchModel
+        torch_model.transform(df)              # adds "y__output"
+
+    ``fit`` trains a copy of ``model``/``optimizer`` (the objects passed stay unchanged).
+    The optimizer must be built over ``model``'s parameters; its class, hyperparameters and
+    state travel with it. See docs/estimators.md.
+    """
+
+    _run_prefix = "torch"
+
+    @keyword_only
+    def __init__(self, **kwargs):
+        super().__init__(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, **kwargs):
+        """Sets several params at once (keyword arguments named as the params)."""
+        return super().setParams(**self._input_kwargs)
+
+    # ------------------------------------------------------------------ checks
+
+    def _check_params_more(self) -> None:
+        model, optimizer = self.getModel(), self.getOptimizer()
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got "
+                            f"{type(model).__name__ if model is not None else 'nothing'}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer built over the "
+                            f"model's parameters, got "
+                            f"{type(optimizer).__name__ if optimizer is not None else 'nothing'}"
+                            f"; e.g. optimizer=torch.optim.SGD(model.parameters(), lr=0.1)")
+        own = {id(p) for p in model.parameters()}
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        foreign = sum(1 for p in params if id(p) not in own)
+        if foreign:
+            raise ValueError(f"{foreign} of the optimizer's {len(params)} parameters are not "
+                             "parameters of model: build the optimizer over this model object "
+                             "(optimizer=torch.optim.Adam(model.parameters()))")
+        loss, constructors = self.getLoss(), self.getLossConstructors()
+        if loss is None and not constructors:
+            raise ValueError("loss is not set: pass loss=torch.nn.functional.mse_loss (or one "
+                             "loss per label column, or loss_constructors)")
+        if loss is not None and constructors:
+            raise ValueError("set loss or loss_constructors, not both")
+        n_losses = len(constructors) if constructors else (
+            len(loss) if isinstance(loss, list) else 1)
+        labels = self.getLabelCols()
+        if n_losses not in (1, len(labels)):
+            raise ValueError(f"{n_losses} losses for {len(labels)} label columns {labels}: "
+                             "give one loss, or one per label column")
+        shapes = self.getInputShapes()
+        if shapes is not None and len(shapes) != len(self.getFeatureCols()):
+            raise ValueError(f"input_shapes has {len(shapes)} shapes for "
+                             f"{len(self.getFeatureCols())} feature columns "
+                             f"{self.getFeatureCols()}")
+        comp = self.getGradientCompression()
+        if comp is not None and not (hasattr(comp, "compress") and hasattr(comp, "decompress")):
+            raise TypeError(f"gradient_compression must be a compressor such as "
+                            f"spark_dl.torch.Compression.fp16, got {comp!r}")
+        if any(p.is_cuda for p in model.parameters()):
+            raise ValueError("move the model to the CPU before fit(): each worker moves its "
+                             "copy to its own GPU (use_gpu=True)")
+
+    def _vector_dtype(self) -> str:
+        return "float64" if util.model_dtype(self.getModel()) == torch.float64 else "float32"
+
+    def _losses(self) -> List:
+        if self.getLossConstructors():
+            return [c() for c in self.getLossConstructors()]
+        loss = self.getLoss()
+        return list(loss) if isinstance(loss, list) else [loss]
+
+    def _input_shapes(self, dataset: Dataset) -> List[List[int]]:
+        features = self.getFeatureCols()
+        shapes = self.getInputShapes() or util.default_input_shapes(features, dataset.columns)
+        for col, shape in zip(features, shapes):
+            per_row = 1
+            for d in dataset.columns[col]["shape"]:
+                per_row *= d
+            if shape[0] == -1 and -1 not in shape[1:]:
+                size = 1
+                for d in shape[1:]:
+                    size *= d
+                if size != per_row:
+                    raise ValueError(f"input_shapes: feature column {col!r} has {per_row} "
+                                     f"value(s) per row, but shape {shape} takes {size}; the "
+                                     "sizes after -1 must multiply to the row size")
+        return shapes
+
+    def _dry_run(self, store, dataset: Dataset, input_shapes) -> None:
+        """Model, loss and metrics on two training rows, on the driver (see module doc)."""
+        from spark_dl.spark.common.data_loader import ArrowDataLoader
+
+        features, labels = self.getFeatureCols(), self.getLabelCols()
+        weight = self.getSampleWeightCol()
+        loader = ArrowDataLoader(dataset.source(store, "train"), batch_size=2, shuffle=False,
+                                 to_torch=True, num_threads=1, equal_steps=False,
+                                 columns=features + labels + ([weight] if weight else []))
+        try:
+            batch = next(iter(loader))
+        finally:
+            loader.close()
+        if self.getTransformationFn() is not None:
+            try:
+                batch = self.getTransformationFn()(batch)
+            except Exception as e:
+                raise ValueError(f"transformation_fn failed on a batch of the training data "
+                                 f"({type(e).__name__}: {e})") from e
+        model = self.getModel()
+        dtype = util.model_dtype(model)
+        inputs = util.feature_tensors(batch, features, input_shapes, dtype)
+        label_shapes = self.getLabelShapes()
+        label_values = util.label_tensors(batch, labels, label_shapes)
+        weights = (util.feature_tensors(batch, [weight], [[-1]], dtype)[0] if weight else None)
+        modes = [(m, m.training) for m in model.modules()]
+        model.eval()
+        try:
+            with torch.no_grad():
+                outputs = model(*inputs)
+        except Exception as e:
+            raise ValueError(
+                f"the model cannot be applied to the training data: {type(e).__name__}: {e}\n"
+                f"  inputs from feature columns {features}: {util.describe(inputs)} "
+                f"(input_shapes {input_shapes})\n"
+                "Set input_shapes to what the model's forward() expects, or fix its first "
+                "layer.") from e
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        outputs, matched = util.match_outputs(outputs, label_values,
+                                              reshape_labels=label_shapes is None)
+        loss_fn = util.make_loss_fn(self._losses(), self.getLossWeights(), len(labels))
+        try:
+            loss = loss_fn(outputs, matched, weights)
+        except Exception as e:
+            raise ValueError(
+                f"the loss cannot be computed: {type(e).__name__}: {e}\n"
+                f"  outputs: {util.describe(outputs)}; labels from {labels}: "
+                f"{util.describe(label_values)} -> {util.describe(matched)}\n"
+                "Make the model return one output per label column shaped like the label, "
+                "or set label_shapes.") from e
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise ValueError(f"the loss must return one number (a tensor with one element), "
+                             f"got {util.describe(loss)}")
+        for metric in self.getMetrics() or []:
+            try:
+                util.metric_values([metric], outputs, matched)
+            except Exception as e:
+                raise ValueError(f"metric {getattr(metric, '__name__', metric)!r} failed on "
+                                 f"outputs {util.describe(outputs)} and labels "
+                                 f"{util.describe(matched)}: {type(e).__name__}: {e}") from e
+
+    # ------------------------------------------------------------------ training
+
+    def _on_begin(self, store, ctx: dict) -> None:
+        from spark_dl.spark.torch.tensorboard import TensorBoardLogger
+
+        ctx["tensorboard"] = TensorBoardLogger(store, ctx["run_id"])
+        # Loading the trained optimizer state at the end imports torch._dynamo (see
+        # remote.preload_torch_dynamo): do it while the data is prepared.
+        remote.preload_torch_dynamo()
+
+    def _train(self, backend, store, dataset: Dataset, ctx: dict):
+        run_id = ctx["run_id"]
+        board = ctx["tensorboard"]
+        input_shapes = self._input_shapes(dataset)
+        self._dry_run(store, dataset, input_shapes)
+        num_proc = backend.num_processes()
+        metrics = self.getMetrics()
+        metrics = [] if metrics is None else (metrics if isinstance(metrics, list) else [metrics])
+        spec = remote.TrainSpec(
+            model=self.getModel(), optimizer=self.getOptimizer(),
+            losses=None if self.getLossConstructors() else self._losses(),
+            loss_constructors=self.getLossConstructors(),
+            loss_weights=self.getLossWeights(), metrics=metrics,
+            feature_cols=self.getFeatureCols(), label_cols=self.getLabelCols(),
+            sample_weight_col=self.getSampleWeightCol(), input_shapes=input_shapes,
+            label_shapes=self.getLabelShapes(), batch_size=self.getBatchSize(),
+            val_batch_size=self.getValBatchSize() or self.getBatchSize(),
+            epochs=self.getEpochs(), train_steps=self.getTrainStepsPerEpoch(),
+            val_steps=self.getValidationStepsPerEpoch(),
+            shuffle_buffer_size=self.getShuffleBufferSize(),
+            compression=self.getGradientCompression(),
+            backward_passes_per_step=self.getBackwardPassesPerStep(),
+            transformation_fn=self.getTransformationFn(),
+            train_minibatch_fn=self.getTrainMinibatchFn(),
+            callbacks=list(self.getCallbacks() or []),
+            remote_store=store.to_remote(run_id, dataset.idx), dataset=dataset,
+            seed=self.getRandomSeed() if self.getRandomSeed() is not None
+            else int(time.time() * 1000) % (2 ** 31),
+            random_seed=self.getRandomSeed(), terminate_on_nan=self.getTerminateOnNan(),
+            cache_all=self.getInMemoryCacheAll(),
+            train_threads=self.getTrainReaderNumWorkers(),
+            val_threads=self.getValReaderNumWorkers(), use_gpu=self.getUseGpu(),
+            verbose=self.getVerbose(), run_id=run_id)
+        blob = _pickle_or_explain(spec)
+        verbose = self.getVerbose()
+        display = ProgressDisplay(verbose, listeners=[board.on_event])
+        if verbose:
+            display.print(f"TorchEstimator: run {run_id}, {num_proc} processes, "
+                          f"{dataset.train_rows} training / {dataset.val_rows} validation rows "
+                          f"(data ready after {ctx['prepare_s']:.1f}s), store "
+                          f"{store.prefix_path}")
+        result = None
+        ctx["launch"] = time.time()
+        try:
+            # Unbuffered: the workers' own prints reach the driver as they happen.
+            results = run_on_backend(backend, remote.train, (blob,),
+                                     {"PYTHONUNBUFFERED": "1"}, display.stream("stdout"),
+                                     display.stream("stderr"))
+            result = results[0]
+            ctx["returned"] = time.time()
+        finally:
+            display.close()
+            note = board.close(result["history"] if result else None)
+            if note and verbose:
+                display.print(note)
+        model = self._trained_model(result, run_id, dataset, input_shapes)
+        ended = time.time()
+        first = result["timings"].get("first_step")
+        worker = result["timings"]
+        model.timings = {
+            "total_s": ended - ctx["fit_start"], "prepare_s": ctx["prepare_s"],
+            "launch_s": ctx["launch"] - ctx["fit_start"],
+            "returned_s": ctx["returned"] - ctx["fit_start"],
+            "first_step_s": (first - ctx["fit_start"]) if first else None,
+            "epoch_s": worker.get("epoch_s", []),
+            # rank 0's phases, from fit():
+            "worker_phases_s": {k: worker[k] - ctx["fit_start"]
+                                for k in ("start", "imported", "initialized", "ready", "end")
+                                if worker.get(k)},
+        }
+        if verbose:
+            display.print(f"TorchEstimator: run {run_id} done in {model.timings['total_s']:.1f}s"
+                          + (f" (first training step after {model.timings['first_step_s']:.1f}s)"
+                             if first else ""))
+        return model
+
+    def _trained_model(self, result: dict, run_id: str, dataset: Dataset, input_shapes):
+        from spark_dl.spark.pickling import pickler
+
+        # A copy of the user's objects (optimizer still bound to the model's parameters),
+        # then rank 0's trained state.
+        cp = pickler()
+        model, optimizer = cp.loads(cp.dumps((self.getModel(), self.getOptimizer())))
+        model.load_state_dict(result["model"])
+        optimizer.load_state_dict(result["optimizer"])
+        cols = self.getFeatureCols() + self.getLabelCols()
+        metadata = {"columns": {c: dataset.columns[c] for c in cols},
+                    "vector_dtype": self._vector_dtype()}
+        return TorchModel(
+            model=model, optimizer=optimizer, feature_columns=self.getFeatureCols(),
+            label_columns=self.getLabelCols(), history=result["history"], run_id=run_id,
+            input_shapes=input_shapes, metadata=metadata,
+            batch_size=max(self.getValBatchSize() or self.getBatchSize(), 256))
+
+
+TorchEstimator.__init__.__signature__ = params_signature(
+    list(ESTIMATOR_PARAMS) + list(TORCH_PARAMS))
+TorchEstimator.__init__.__doc__ = ("Creates the estimator; every argument is a param.\n\n"
+                                   + params_doc(list(ESTIMATOR_PARAMS) + list(TORCH_PARAMS)))

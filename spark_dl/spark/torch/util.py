@@ -1,0 +1,250 @@
+"""How columns become model inputs, and outputs meet labels: one set of rules for fit and
+transform.
+
+**Features.** Each feature column is one positional model input. Its values (whatever numeric
+type: float or double arrays, Spark ML vectors, integer or boolean scalars) are cast to the
+model's floating dtype (that of its first floating parameter) and reshaped to the column's
+input shape: ``input_shapes`` when given, else ``[-1, 1]`` for a scalar column and
+``[-1, n]`` for a column of ``n`` values. ``fit`` (on the workers, and in the driver's dry run)
+and ``transform`` call the same :func:`feature_tensors`, so a model never sees float64 in one
+and float32 in the other.
+
+**Labels.** Output ``i`` is paired with label column ``i``. Without ``label_shapes``, a label
+with as many values per row as the output is reshaped to the output's shape; with them, to the
+given shape. Then, for a floating output: a label of the output's size is cast to the output's
+dtype (regression, binary cross-entropy, soft targets); a label of one value per row for a
+wider output is a class index and becomes int64 (Spark's ``StringIndexer`` yields doubles).
+"""
+
+import copy
+import math
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["model_dtype", "default_input_shapes", "feature_tensors", "label_tensors",
+           "match_outputs", "make_loss_fn", "metric_names", "describe", "predict"]
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype inputs are cast to: the model's first floating parameter or buffer's."""
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return torch.get_default_dtype()
+
+
+def numpy_dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def default_input_shapes(feature_cols: Sequence[str], columns: Mapping[str, dict]) -> List[list]:
+    """``[-1, 1]`` for scalar columns, ``[-1, *shape]`` otherwise."""
+    return [[-1] + (list(columns[c]["shape"]) or [1]) for c in feature_cols]
+
+
+def _as_tensor(value) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.from_numpy(np.ascontiguousarray(value))
+
+
+def describe(tensors) -> str:
+    """``[(2, 4) float32, (2,) int64]`` for error messages."""
+    if isinstance(tensors, torch.Tensor):
+        return f"{tuple(tensors.shape)} {numpy_dtype_name(tensors.dtype)}"
+    if isinstance(tensors, (list, tuple)):
+        return "[" + ", ".join(describe(t) for t in tensors) + "]"
+    return type(tensors).__name__
+
+
+def feature_tensors(batch: Mapping[str, object], feature_cols: Sequence[str],
+                    input_shapes: Sequence[Sequence[int]], dtype: torch.dtype,
+                    device=None) -> List[torch.Tensor]:
+    """The model inputs of a batch (column -> NumPy array or tensor), see the module doc."""
+    inputs = []
+    for col, shape in zip(feature_cols, input_shapes):
+        t = _as_tensor(batch[col])
+        if t.dtype != dtype:
+            t = t.to(dtype)
+        try:
+            t = t.reshape(shape)
+        except RuntimeError:
+            per_row = t[0].numel() if t.dim() and len(t) else 0
+            raise ValueError(f"feature column {col!r} has {per_row} value(s) per row, which "
+                             f"do not fit input shape {list(shape)}; fix input_shapes (its "
+                             f"sizes after -1 must multiply to {per_row})") from None
+        if device is not None:
+            t = t.to(device, non_blocking=True)
+        inputs.append(t)
+    return inputs
+
+
+def label_tensors(batch: Mapping[str, object], label_cols: Sequence[str],
+                  label_shapes: Optional[Sequence[Sequence[int]]], device=None
+                  ) -> List[torch.Tensor]:
+    """The labels of a batch, reshaped to ``label_shapes`` if given (dtype left as read)."""
+    labels = []
+    for i, col in enumerate(label_cols):
+        t = _as_tensor(batch[col])
+        if label_shapes is not None:
+            try:
+                t = t.reshape(label_shapes[i])
+            except RuntimeError:
+                raise ValueError(f"label column {col!r}: a batch of shape {tuple(t.shape)} "
+                                 f"does not fit label shape {label_shapes[i]}") from None
+        if device is not None:
+            t = t.to(device, non_blocking=True)
+        labels.append(t)
+    return labels
+
+
+def match_outputs(outputs, labels: List[torch.Tensor], reshape_labels: bool = True):
+    """(list of outputs, list of labels) paired as the module doc says.
+
+    Raises ValueError when the model returns another number of outputs than there are
+    label columns.
+    """
+    if isinstance(outputs, torch.Tensor):
+        outputs = [outputs]
+    elif isinstance(outputs, (list, tuple)):
+        outputs = list(outputs)
+    else:
+        raise TypeError(f"the model returned a {type(outputs).__name__}; it must return a "
+                        "tensor, or a tuple/list of tensors (one per label column)")
+    if len(outputs) != len(labels):
+        raise ValueError(f"the model returned {len(outputs)} output(s) but there are "
+                         f"{len(labels)} label column(s); return one output per label column")
+    matched = []
+    for out, lab in zip(outputs, labels):
+        same_size = lab.numel() == out.numel()
+        if same_size and reshape_labels:
+            lab = lab.reshape(out.shape)
+        if out.is_floating_point():
+            if same_size:
+                if lab.dtype != out.dtype:
+                    lab = lab.to(out.dtype)
+            elif out.dim() and lab.numel() == out.shape[0]:
+                lab = lab.reshape(-1).long()
+        matched.append(lab)
+    return outputs, matched
+
+
+def _per_sample(fn, output, label):
+    """Loss per row (reduction 'none'), for sample weights."""
+    if isinstance(fn, torch.nn.modules.loss._Loss):
+        fn = copy.copy(fn)
+        fn.reduction = "none"
+        values = fn(output, label)
+    else:
+        try:
+            values = fn(output, label, reduction="none")
+        except TypeError as e:
+            raise TypeError(f"sample_weight_col needs losses that take reduction='none' "
+                            f"(as torch.nn.functional's do); {getattr(fn, '__name__', fn)} "
+                            f"raised: {e}") from None
+    return values.reshape(values.shape[0], -1).mean(dim=1) if values.dim() else values
+
+
+def make_loss_fn(losses: Sequence, weights: Optional[Sequence[float]], num_labels: int):
+    """``loss_fn(outputs, labels, sample_weights=None)``: the weighted sum of each output's
+    loss (one loss is applied to every output). With sample weights, each row's loss is
+    multiplied by its weight and the batch mean taken (as Horovod does)."""
+    losses = list(losses)
+    if len(losses) == 1 and num_labels > 1:
+        losses = losses * num_labels
+    weights = list(weights) if weights is not None else [1.0] * num_labels
+
+    def loss_fn(outputs, labels, sample_weights=None):
+        total = None
+        for out, lab, fn, w in zip(outputs, labels, losses, weights):
+            if sample_weights is None:
+                value = fn(out, lab)
+            else:
+                value = (_per_sample(fn, out, lab) *
+                         sample_weights.reshape(-1).to(out.dtype)).mean()
+            value = value * w if w != 1.0 else value
+            total = value if total is None else total + value
+        return total
+
+    return loss_fn
+
+
+def metric_names(metrics: Sequence, label_cols: Sequence[str]) -> List[str]:
+    """Names of the (metric, output) pairs: ``mae`` with one label, ``y1_mae`` with more."""
+    names = []
+    for m in metrics:
+        base = getattr(m, "__name__", None) or type(m).__name__
+        if len(label_cols) == 1:
+            names.append(base)
+        else:
+            names.extend(f"{c}_{base}" for c in label_cols)
+    return names
+
+
+def metric_values(metrics: Sequence, outputs, labels) -> List[float]:
+    """The metric values of a batch, in :func:`metric_names` order (as floats)."""
+    values = []
+    for m in metrics:
+        for out, lab in zip(outputs, labels):
+            v = m(out, lab)
+            values.append(float(v.detach().float().mean()) if isinstance(v, torch.Tensor)
+                          else float(v))
+    return values
+
+
+def default_train_minibatch():
+    """Horovod's default step: ``train_minibatch(model, optimizer, transform_outputs,
+    loss_fn, inputs, labels, sample_weights) -> (outputs, loss)``, extended with gradient
+    accumulation: with ``backward_passes_per_step`` k, gradients are zeroed before every
+    k-th batch and the optimizer steps after it (and at the end of each epoch)."""
+    state = {"passes": 0, "k": 1}
+
+    def train_minibatch(model, optimizer, transform_outputs, loss_fn, inputs, labels,
+                        sample_weights):
+        if state["passes"] % state["k"] == 0:
+            optimizer.zero_grad()
+        outputs = model(*inputs)
+        outputs, labels = transform_outputs(outputs, labels)
+        loss = loss_fn(outputs, labels, sample_weights)
+        loss.backward()
+        state["passes"] += 1
+        if state["passes"] % state["k"] == 0:
+            optimizer.step()
+        return outputs, loss
+
+    def flush(optimizer):
+        """Steps on gradients accumulated since the last step (end of an epoch)."""
+        if state["passes"] % state["k"]:
+            optimizer.step()
+            state["passes"] = 0
+
+    train_minibatch.state = state
+    train_minibatch.flush = flush
+    return train_minibatch
+
+
+def is_finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))
+
+
+def predict(model: torch.nn.Module, arrays: Dict[str, np.ndarray], feature_cols: Sequence[str],
+            input_shapes: Sequence[Sequence[int]], dtype: torch.dtype, batch_size: int,
+            device=None) -> List[np.ndarray]:
+    """Applies ``model`` (in eval mode, without gradients) to rows given as NumPy arrays
+    (column -> ``(rows, ...)``), ``batch_size`` rows at a time. Returns one ``(rows, ...)``
+    array per output."""
+    rows = len(next(iter(arrays.values())))
+    parts: List[List[np.ndarray]] = []
+    with torch.inference_mode():
+        for start in range(0, rows, batch_size):
+            chunk = {c: arrays[c][start:start + batch_size] for c in feature_cols}
+            outputs = model(*feature_tensors(chunk, feature_cols, input_shapes, dtype, device))
+            if isinstance(outputs, torch.Tensor):
+                outputs = [outputs]
+            if not parts:
+                parts = [[] for _ in outputs]
+            for i, out in enumerate(outputs):
+                parts[i].append(out.detach().cpu().numpy())
+    return [np.concatenate(p) if len(p) > 1 else p[0] for p in parts]

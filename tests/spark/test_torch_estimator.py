@@ -1,0 +1,508 @@
+"""TorchEstimator / TorchModel on local[2]: fit and transform, resume, persistence,
+multi-input/multi-output models, custom steps and backends, and every bad input.
+
+Fits are kept few and small (each starts two workers); the checks of bad input run without
+workers (they must fail before any worker starts)."""
+
+import io
+import os
+import sys
+import threading
+
+import cloudpickle
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("pyspark")
+
+from pyspark.ml import Pipeline  # noqa: E402
+
+from spark_dl.spark.common.backend import SparkBackend  # noqa: E402
+from spark_dl.spark.common.store import Store  # noqa: E402
+from spark_dl.spark.torch import EarlyStopping, TorchEstimator, TorchModel  # noqa: E402
+
+# Functions and classes of this module travel to the workers by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
+
+F = torch.nn.functional
+W = np.array([1.5, -2.0, 0.5, 1.0])
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def regression_df(spark, rows=600, seed=0, vector=True):
+    """y = x . W + 0.3 with x in a double DenseVector column (or an array column)."""
+    from pyspark.ml.linalg import Vectors
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 4))
+    y = x @ W + 0.3
+    if vector:
+        data = [(Vectors.dense(r), float(t)) for r, t in zip(x, y)]
+    else:
+        data = [([float(v) for v in r], float(t)) for r, t in zip(x, y)]
+    return spark.createDataFrame(data, ["features", "y"])
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+
+
+def mae(output, label):
+    return (output - label).abs().mean()
+
+
+def estimator(store, model=None, **kwargs):
+    model = model or mlp()
+    params = dict(num_proc=2, model=model, optimizer=torch.optim.Adam(model.parameters(), lr=0.05),
+                  loss=F.mse_loss, metrics=[mae], feature_cols=["features"], label_cols=["y"],
+                  batch_size=32, epochs=3, validation=0.2, store=store, verbose=1)
+    params.update(kwargs)
+    return TorchEstimator(**params)
+
+
+def local_predictions(model, features):
+    with torch.no_grad():
+        return model(torch.tensor(features, dtype=torch.float32)).numpy().reshape(-1)
+
+
+def features_of(pdf, col="features"):
+    return np.stack([v.toArray() if hasattr(v, "toArray") else np.asarray(v) for v in pdf[col]])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return Store.create(str(tmp_path_factory.mktemp("torch_est") / "store"))
+
+
+@pytest.fixture(scope="module")
+def df(spark):
+    return regression_df(spark).cache()
+
+
+@pytest.fixture(scope="module")
+def fitted(spark, store, df):
+    """One fit shared by the tests that only look at its result."""
+    out = io.StringIO()
+    est = estimator(store, run_id="shared")
+    from contextlib import redirect_stdout
+    with redirect_stdout(out):
+        model = est.fit(df)
+    return est, model, out.getvalue()
+
+
+# ----------------------------------------------------------------------------- fit/transform
+
+
+def test_fit_learns_reports_and_checkpoints(fitted, store):
+    est, model, printed = fitted
+    history = model.getHistory()
+    assert history["epoch"] == [1, 2, 3]
+    assert history["loss"][-1] < history["loss"][0] / 2
+    assert history["val_loss"][-1] < history["val_loss"][0]
+    assert set(history) >= {"loss", "val_loss", "mae", "val_mae", "rows_per_s"}
+    assert len(history["mae"]) == 3 and all(r > 0 for r in history["rows_per_s"])
+    # One line per epoch on the driver, with loss, val_loss, metrics and rows/s.
+    epoch_lines = [line for line in printed.splitlines() if line.startswith("Epoch ")]
+    assert len(epoch_lines) == 3
+    assert "Epoch 3/3: loss" in epoch_lines[-1] and "val_mae" in epoch_lines[-1] \
+        and "rows/s" in epoch_lines[-1]
+    assert "@@spark_dl" not in printed  # event lines are consumed, not shown
+    # The user's model is untouched; the returned one is trained.
+    assert not torch.equal(est.getModel()[0].weight, model.getModel()[0].weight)
+    # Checkpoint and TensorBoard logs of the run are in the store.
+    assert store.exists(store.get_checkpoint_path("shared"))
+    logs = store.listdir(store.get_logs_path("shared"))
+    assert any("tfevents" in p for p in logs)
+    assert model.getRunId() == "shared"
+    assert model.timings["first_step_s"] > 0
+
+
+def test_transform_matches_local_model_on_double_vectors(fitted, df):
+    # Features are double vectors, the model float32: fit and transform cast the same way
+    # (Horovod's estimator fails here with "mat1 and mat2 must have the same dtype").
+    _, model, _ = fitted
+    out = model.transform(df)
+    assert out.columns == ["features", "y", "y__output"]
+    assert dict(out.dtypes)["y__output"] == "double"
+    pdf = out.orderBy("y").toPandas()
+    expected = local_predictions(model.getModel(), features_of(pdf))
+    np.testing.assert_allclose(pdf["y__output"].to_numpy(), expected, rtol=1e-5, atol=1e-5)
+    # Array input (float64 lists) gives the same predictions; output_cols renames.
+    arrays = out.select("features", "y").toPandas()
+    adf = df.sparkSession.createDataFrame(
+        [([float(v) for v in f.toArray()], float(y)) for f, y in zip(arrays.features, arrays.y)],
+        ["features", "y"])
+    model2 = model.copy().setOutputCols(["pred"])
+    got = model2.transform(adf).orderBy("y").toPandas()
+    np.testing.assert_allclose(got["pred"].to_numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_model_persistence_round_trip(fitted, df, tmp_path):
+    _, model, _ = fitted
+    path = str(tmp_path / "model")
+    model.write().overwrite().save(path)
+    loaded = TorchModel.load(path)
+    assert loaded.uid == model.uid
+    assert loaded.getHistory() == model.getHistory()
+    assert loaded.getFeatureColumns() == ["features"] and loaded.getRunId() == "shared"
+    for a, b in zip(model.getModel().parameters(), loaded.getModel().parameters()):
+        assert torch.equal(a, b)
+    # The optimizer comes back bound to the loaded model's parameters.
+    assert loaded.getOptimizer().param_groups[0]["params"][0] is \
+        next(loaded.getModel().parameters())
+    a = model.transform(df).orderBy("y").select("y__output").toPandas()
+    b = loaded.transform(df).orderBy("y").select("y__output").toPandas()
+    np.testing.assert_allclose(a.to_numpy(), b.to_numpy())
+
+
+def test_estimator_persistence_round_trip(fitted, tmp_path):
+    est, _, _ = fitted
+    path = str(tmp_path / "estimator")
+    est.write().save(path)
+    loaded = TorchEstimator.load(path)
+    assert loaded.uid == est.uid
+    for name in ("num_proc", "batch_size", "epochs", "validation", "feature_cols", "label_cols",
+                 "run_id", "verbose"):
+        assert loaded.getOrDefault(name) == est.getOrDefault(name), name
+    assert loaded.getLoss() is F.mse_loss
+    assert loaded.getMetrics()[0](torch.ones(2), torch.zeros(2)) == 1.0
+    assert isinstance(loaded.getStore(), Store)
+    assert loaded.getStore().prefix_path == est.getStore().prefix_path
+    opt = loaded.getOptimizer()
+    assert opt.param_groups[0]["params"][0] is next(loaded.getModel().parameters())
+    assert opt.param_groups[0]["lr"] == 0.05
+
+
+def test_resume_with_same_run_id_continues_after_last_epoch(spark, store, df):
+    est = estimator(store, run_id="resume", epochs=2, validation=None, verbose=0)
+    first = est.fit(df)
+    assert first.getHistory()["epoch"] == [1, 2]
+    out = io.StringIO()
+    from contextlib import redirect_stdout
+    with redirect_stdout(out):
+        second = est.setEpochs(4).setVerbose(1).fit(df)
+    assert second.getHistory()["epoch"] == [1, 2, 3, 4]
+    assert second.getHistory()["loss"][:2] == first.getHistory()["loss"]
+    assert len(second.timings["epoch_s"]) == 2  # only epochs 3 and 4 ran
+    assert "resuming run resume after epoch 2" in out.getvalue()
+    assert "Epoch 3/4" in out.getvalue() and "Epoch 1/4" not in out.getvalue()
+    # The resumed run starts from the first run's weights, so its loss keeps falling.
+    assert second.getHistory()["loss"][2] < first.getHistory()["loss"][0]
+
+
+def test_pipeline_with_estimator_saves_and_loads(store, tmp_path):
+    # Fitting a pipeline and saving the PipelineModel is covered on local-cluster
+    # (test_torch_estimator_cluster.py).
+    from pyspark.ml.feature import VectorAssembler
+
+    est = estimator(store, epochs=1, validation=None, verbose=0)
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=["a", "b", "c", "d"],
+                                                outputCol="features"), est])
+    path = str(tmp_path / "pipeline")
+    pipeline.write().save(path)
+    stages = Pipeline.load(path).getStages()
+    assert isinstance(stages[1], TorchEstimator) and stages[1].uid == est.uid
+    assert stages[1].getEpochs() == 1 and stages[1].getFeatureCols() == ["features"]
+
+
+class TwoHeads(torch.nn.Module):
+    """Inputs: a scalar column and a 3-value array column; outputs: a regression value and
+    logits of 3 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 16)
+        self.reg = torch.nn.Linear(16, 1)
+        self.cls = torch.nn.Linear(16, 3)
+
+    def forward(self, scalar, vec):
+        h = torch.relu(self.body(torch.cat([scalar, vec], dim=1)))
+        return self.reg(h), self.cls(h)
+
+
+class CountingBackend:
+    """A Horovod-style custom backend: run(fn, args, kwargs, env) without streams."""
+
+    def __init__(self):
+        self.inner = SparkBackend(num_proc=2, verbose=0)
+        self.calls = 0
+
+    def run(self, fn, args=(), kwargs=None, env=None):
+        self.calls += 1
+        return self.inner.run(fn, args, kwargs, env, stdout=io.StringIO())
+
+    def num_processes(self):
+        return 2
+
+
+def test_two_inputs_two_outputs_sample_weights_custom_backend(spark, store):
+    rng = np.random.default_rng(1)
+    rows = []
+    for _ in range(400):
+        s, v = float(rng.normal()), [float(a) for a in rng.normal(size=3)]
+        cls = float(int(np.argmax(v)))  # a double class index, as StringIndexer makes
+        rows.append((s, v, s + sum(v), cls, float(rng.uniform(0.5, 1.5))))
+    df = spark.createDataFrame(rows, ["s", "v", "reg", "cls", "w"])
+    torch.manual_seed(0)
+    net = TwoHeads()
+
+    def accuracy(output, label):
+        if output.shape[-1] == 1:
+            return torch.tensor(0.0)
+        return (output.argmax(dim=1) == label).float().mean()
+
+    backend = CountingBackend()
+    est = TorchEstimator(backend=backend, model=net,
+                         optimizer=torch.optim.Adam(net.parameters(), lr=0.02),
+                         loss=[F.mse_loss, F.cross_entropy], loss_weights=[1.0, 0.5],
+                         metrics=[accuracy], feature_cols=["s", "v"], label_cols=["reg", "cls"],
+                         sample_weight_col="w", batch_size=32, epochs=4, validation=0.25,
+                         store=store, verbose=0, random_seed=7)
+    model = est.fit(df)
+    assert backend.calls == 1
+    h = model.getHistory()
+    assert h["loss"][-1] < h["loss"][0]
+    assert h["val_cls_accuracy"][-1] > 0.5 and "reg_accuracy" in h
+    # TensorBoard scalars come from the returned history when no output is forwarded.
+    assert any("tfevents" in p for p in store.listdir(store.get_logs_path(model.getRunId())))
+    out = model.setOutputCols(["reg_pred", "cls_logits"]).transform(df)
+    assert dict(out.dtypes)["reg_pred"] == "double"
+    assert dict(out.dtypes)["cls_logits"] == "array<float>"
+    pdf = out.limit(20).toPandas()
+    with torch.no_grad():
+        reg, logits = model.getModel()(
+            torch.tensor(pdf["s"].to_numpy(), dtype=torch.float32).reshape(-1, 1),
+            torch.tensor(np.stack(pdf["v"]), dtype=torch.float32))
+    np.testing.assert_allclose(pdf["reg_pred"], reg.numpy().ravel(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.stack(pdf["cls_logits"]), logits.numpy(), rtol=1e-5,
+                               atol=1e-5)
+
+
+def nan_after_three_steps(model, optimizer, transform_outputs, loss_fn, inputs, labels,
+                          sample_weights):
+    """A custom step that trains normally, then reports a NaN loss from the 4th batch."""
+    nan_after_three_steps.calls = getattr(nan_after_three_steps, "calls", 0) + 1
+    optimizer.zero_grad()
+    outputs, labels = transform_outputs(model(*inputs), labels)
+    loss = loss_fn(outputs, labels, sample_weights)
+    loss.backward()
+    optimizer.step()
+    if nan_after_three_steps.calls > 3:
+        loss = loss * float("nan")
+    return outputs, loss
+
+
+class RecordingCallback(EarlyStopping):
+    def on_train_begin(self, logs=None):
+        assert self.model is not None and self.size == 2
+        print(f"callback rank {self.rank} begins {self.params['epochs']} epochs", flush=True)
+
+
+def test_custom_minibatch_terminate_on_nan_and_callbacks(spark, store, df):
+    out = io.StringIO()
+    est = estimator(store, train_minibatch_fn=nan_after_three_steps, terminate_on_nan=True,
+                    callbacks=[RecordingCallback(monitor="loss")], epochs=3, validation=None,
+                    backend=SparkBackend(num_proc=2, verbose=0), num_proc=None)
+    from contextlib import redirect_stdout
+    with redirect_stdout(out):
+        model = est.fit(df)
+    printed = out.getvalue()
+    assert "training stopped: loss is not finite at epoch 1, step 4" in printed
+    assert model.getHistory() == {}
+    assert "callback rank 0 begins 3 epochs" in printed
+    assert "callback rank 1 begins 3 epochs" in printed
+
+
+def test_fit_on_parquet_plain_files(spark, store, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    plain = Store.create(str(tmp_path / "plain"))
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(256, 4)).astype(np.float32)
+    table = pa.table({"features": pa.array(list(x), pa.list_(pa.float32())),
+                      "y": pa.array((x @ W).astype(np.float64))})
+    os.makedirs(plain.get_fs_path(plain.get_train_data_path()))
+    pq.write_table(table, os.path.join(plain.get_fs_path(plain.get_train_data_path()),
+                                       "part-0.parquet"))
+    model = estimator(plain, epochs=2, validation=None, verbose=0).fit_on_parquet()
+    assert model.getHistory()["epoch"] == [1, 2]
+    assert model.getMetadata()["columns"]["features"]["shape"] == [4]
+
+
+# ----------------------------------------------------------------------------- params
+
+
+def test_params_table_accessors_copy_and_signature():
+    import inspect
+
+    est = TorchEstimator(batch_size=8, epochs=2, feature_cols="x", label_cols=["y"])
+    assert est.getBatchSize() == 8 and est.getEpochs() == 2 and est.getFeatureCols() == ["x"]
+    assert est.getVerbose() == 1 and est.getPartitionsPerProcess() == 10
+    # Horovod's spellings.
+    est.setShufflingBufferSize(100).setTrainReaderNumWorker(3).setInMemoryCacheAll(True)
+    assert est.getShuffleBufferSize() == 100 and est.getTrainReaderNumWorkers() == 3
+    assert est.getInMemoryCacheAll() is True
+    copy = est.copy({est.epochs: 5})
+    assert copy.getEpochs() == 5 and est.getEpochs() == 2 and copy.uid == est.uid
+    assert est.setParams(batch_size=4).getBatchSize() == 4
+    names = set(inspect.signature(TorchEstimator.__init__).parameters) - {"self"}
+    horovod = {"num_proc", "model", "optimizer", "loss", "loss_weights", "loss_constructors",
+               "metrics", "feature_cols", "label_cols", "sample_weight_col", "validation",
+               "batch_size", "val_batch_size", "epochs", "train_steps_per_epoch",
+               "validation_steps_per_epoch", "shuffle_buffer_size", "partitions_per_process",
+               "gradient_compression", "backward_passes_per_step", "transformation_fn",
+               "train_minibatch_fn", "input_shapes", "label_shapes", "callbacks", "store",
+               "run_id", "random_seed", "terminate_on_nan", "inmemory_cache_all",
+               "train_reader_num_workers", "val_reader_num_workers", "use_gpu", "verbose",
+               "backend"}
+    assert names == horovod
+    assert {p.name for p in est.params} == horovod
+    assert "batch_size: rows per training batch" in est.explainParams()
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"batch_size": 0}, ValueError, "batch_size must be >= 1"),
+    ({"epochs": 1.5}, TypeError, "epochs must be an int"),
+    ({"validation": 1.5}, ValueError, r"validation fraction must be in \(0, 1\)"),
+    ({"feature_cols": [1]}, TypeError, "feature_cols must be a list of column names"),
+    ({"input_shapes": [-1, 4]}, TypeError, "input_shapes must be a list of shapes"),
+    ({"input_shapes": [[-1, -1, 4]]}, ValueError, "at most one -1"),
+    ({"loss": "mse"}, TypeError, "loss must be a callable"),
+    ({"lr": 0.1}, TypeError, r"unknown parameter\(s\) \['lr'\]"),
+    ({"verbose": 3}, ValueError, "verbose must be 0, 1 or 2"),
+])
+def test_bad_param_values_fail_in_constructor(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        TorchEstimator(**kwargs)
+
+
+def test_positional_arguments_are_refused():
+    with pytest.raises(TypeError, match="forces keyword arguments"):
+        TorchEstimator(2)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture(scope="module")
+def bad_df(spark):
+    from pyspark.sql import functions as Fn
+
+    return regression_df(spark, rows=50).withColumn("name", Fn.lit("a")) \
+        .withColumn("y2", Fn.col("y") * 2).withColumn("w", Fn.lit(1.0)).cache()
+
+
+class Unpicklable(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+        self.lock = threading.Lock()
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def _other_optimizer():
+    return torch.optim.SGD(torch.nn.Linear(4, 1).parameters(), lr=0.1)
+
+
+@pytest.mark.filterwarnings("ignore:Using a target size")
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"feature_cols": ["nope"]}, KeyError, "column 'nope' is not in the DataFrame"),
+    ({"label_cols": ["name"]}, TypeError, "column 'name' has unsupported type string"),
+    ({"feature_cols": None}, ValueError, "feature_cols is not set"),
+    ({"label_cols": ["y", "features"]}, ValueError, "appear in more than one"),
+    ({"loss": [F.mse_loss, F.l1_loss]}, ValueError, "2 losses for 1 label columns"),
+    ({"loss": None}, ValueError, "loss is not set"),
+    ({"loss_weights": [1.0, 2.0]}, ValueError, "loss_weights has 2 values for 1 label"),
+    ({"input_shapes": [[-1, 2, 3]]}, ValueError,
+     "'features' has 4 value.s. per row, but shape \\[-1, 2, 3\\] takes 6"),
+    ({"input_shapes": [[-1, 4], [-1, 1]]}, ValueError, "input_shapes has 2 shapes for 1"),
+    ({"model": torch.nn.Linear(3, 1)}, ValueError,
+     r"(?s)the model cannot be applied to the training data.*\(2, 4\) float32"),
+    ({"model": torch.nn.Linear(4, 3), "loss": F.mse_loss}, ValueError,
+     r"(?s)the loss cannot be computed.*outputs: \[\(2, 3\) float32\]"),
+    ({"label_cols": ["y", "y2"], "loss": F.mse_loss}, ValueError,
+     "the model returned 1 output.s. but there are 2 label column"),
+    ({"model": Unpicklable()}, TypeError, "model cannot be sent to the workers"),
+    ({"optimizer": _other_optimizer()}, ValueError, "are not parameters of model"),
+    ({"optimizer": None}, TypeError, "optimizer must be a torch.optim.Optimizer"),
+    ({"model": "net"}, TypeError, "model must be a torch.nn.Module"),
+    ({"run_id": "a/b"}, ValueError, "is not a valid run name"),
+    ({"backend": SparkBackend(num_proc=2)}, ValueError, "set num_proc or backend, not both"),
+    ({"sample_weight_col": "w", "loss": lambda o, l: ((o - l) ** 2).mean()}, ValueError,
+     "reduction='none'"),
+    ({"num_proc": 3}, ValueError, "num_proc=3 exceeds the 2 task slots"),
+])
+def test_bad_input_fails_before_workers_start(bad_df, store, kwargs, error, match):
+    params = dict(kwargs)
+    model = params.pop("model", None)
+    est = estimator(store, model=model if isinstance(model, torch.nn.Module) else None,
+                    **params)
+    if model is not None and not isinstance(model, torch.nn.Module):
+        est.setModel(model)
+    with pytest.raises(error, match=match):
+        est.fit(bad_df)
+
+
+def test_mismatched_transform_input_is_explained(fitted, spark):
+    _, model, _ = fitted
+    bad = spark.createDataFrame([([1.0, 2.0],)], ["features"])
+    with pytest.raises(Exception, match="feature column 'features' has rows of shape \\[2\\]"):
+        model.transform(bad).collect()
+    with pytest.raises(KeyError, match="feature columns \\['features'\\] are not in"):
+        model.transform(spark.createDataFrame([(1.0,)], ["x"]))
+
+
+def test_hand_built_model_transforms_without_fit(spark):
+    # A TorchModel made from a module (no fit, no training metadata): shapes are read
+    # from the DataFrame, integer array features are cast to the model's dtype.
+    torch.manual_seed(1)
+    net = torch.nn.Linear(3, 2)
+    model = TorchModel(model=net, feature_columns=["x"], label_columns=["y"])
+    df = spark.createDataFrame([([1, 2, 3],), ([4, 5, 6],)], ["x"])
+    pdf = model.transform(df).toPandas()
+    assert list(pdf.columns) == ["x", "y__output"]
+    with torch.no_grad():
+        expected = net(torch.tensor([[1.0, 2, 3], [4, 5, 6]])).numpy()
+    np.testing.assert_allclose(np.stack(pdf["y__output"]), expected, rtol=1e-6)
+    # A label that was a Spark ML vector in training gives a vector output column.
+    model.setMetadata({"columns": {"y": {"kind": "vector", "dtype": "float32", "shape": [2]}}})
+    out = model.transform(df)
+    assert dict(out.dtypes)["y__output"] == "vector"
+    np.testing.assert_allclose(np.stack([v.toArray() for v in out.toPandas()["y__output"]]),
+                               expected, rtol=1e-6)
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_display_parses_events_and_passes_lines_through():
+    from spark_dl.spark.common.progress import MARK, ProgressDisplay
+
+    out, err = _Tty(), io.StringIO()
+    seen = []
+    display = ProgressDisplay(1, out=out, err=err, listeners=[seen.append])
+    stdout, stderr = display.stream("stdout"), display.stream("stderr")
+    stdout.write(f'[0]<stdout>: {MARK}{{"kind": "start", "epochs": 2}}\n[1]<stdout>: hel')
+    stdout.write(f'lo\n[0]<stdout>: {MARK}{{"kind": "step", "epoch": 1, "step": 5, '
+                 f'"steps": 10, "loss": 0.5}}\n')
+    stderr.write("[1]<stderr>: a warning\n")
+    stdout.write(f'[0]<stdout>: {MARK}{{"kind": "epoch", "epoch": 1, "logs": {{"loss": 0.25, '
+                 f'"val_loss": 0.5}}, "rows_per_s": 1234.5, "seconds": 2.0}}\n')
+    display.close()
+    text = out.getvalue()
+    assert "[1]<stdout>: hello\n" in text and "[1]<stderr>: a warning\n" in err.getvalue()
+    assert "\rEpoch 1/2 [" in text and "5/10 - loss 0.5" in text  # the live bar
+    assert "Epoch 1/2: loss 0.25, val_loss 0.5 | 1,234 rows/s | 2.0s\n" in text
+    assert MARK not in text
+    assert [e["kind"] for e in seen] == ["start", "step", "epoch"]
