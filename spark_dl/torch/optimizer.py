@@ -94,6 +94,10 @@ class _DistributedOptimizer:
     def _register_hooks(self):
         ref = weakref.ref(self)
         for p in self._requires_update:
+            # The newest DistributedOptimizer over a parameter owns its hook; an older
+            # one that is not yet garbage-collected stays silent instead of reducing
+            # the gradient a second time under the same name.
+            p._sdl_hook_owner = ref
             hook = _make_hook(ref, p)
             if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
                 self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
@@ -260,7 +264,7 @@ class _DistributedOptimizer:
 def _make_hook(ref, p):
     def hook(*unused):
         opt = ref()
-        if opt is not None:
+        if opt is not None and getattr(p, "_sdl_hook_owner", None) is ref:
             opt._grad_ready(p)
     return hook
 

@@ -733,3 +733,31 @@ def errors():
     out["uneven_default_splits"] = _error_text(lambda: hvd.alltoall(torch.ones(3)))
     out["final"] = hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum, name="final").item()
     return out
+
+
+def recreated_optimizers():
+    """Optimizers re-created over the same parameters while the old ones are still alive
+    (held by a reference cycle, garbage collection off): only the newest one reduces."""
+    import gc
+
+    gc.disable()
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    keep = []
+    for _ in range(3):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        opt.zero_grad()
+        model(torch.ones(2, 4) * (hvd.rank() + 1)).sum().backward()
+        opt.step()
+        cycle = [opt]
+        cycle.append(cycle)
+        keep.append(cycle)
+    gc.enable()
+    # every step reduced (1 + 2) / 2 * ones: three steps of lr 0.1 from the same start
+    torch.manual_seed(0)
+    start = torch.nn.Linear(4, 1).weight.detach().reshape(-1)
+    expected = start - 3 * 0.1 * 2 * 1.5
+    return [float(v) for v in model.weight.detach().reshape(-1)], \
+        [float(v) for v in expected]
