@@ -33,3 +33,14 @@ def cases():
     out.append("allreduce-float32-Sum-scalar")
     out.append("allreduce-float32-Sum-noncontiguous")
     return out
+
+
+def parse(case):
+    """(kind, dtype, extra, variant) of a case id such as 'allreduce-float32-Sum-empty'."""
+    parts = case.split("-") + ["", ""]
+    return parts[0], parts[1], parts[2], parts[3]
+
+
+def input_shape(variant):
+    """The per-rank input shape of an allreduce case variant."""
+    return {"empty": (0, 4), "scalar": ()}.get(variant, (5, 3))

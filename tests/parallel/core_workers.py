@@ -8,6 +8,7 @@ import zlib
 import numpy as np
 
 import spark_dl.numpy as sdl
+import core_cases
 from core_cases import cases
 from spark_dl.common import ops as _ops
 
@@ -121,18 +122,12 @@ def _check(got, want, dtype):
 
 
 def _one_case(case, rank, size):
-    parts = case.split("-")
-    kind, dtype = parts[0], parts[1]
-    extra = parts[2] if len(parts) > 2 else ""
-    variant = parts[3] if len(parts) > 3 else ""
+    kind, dtype, extra, variant = core_cases.parse(case)
     shape = (5, 3)
     if kind in ("allreduce", "allreduce_scaled", "allreduce_inplace", "grouped_allreduce"):
         op_name = extra
         op = getattr(sdl, op_name)
-        if variant == "empty":
-            shape = (0, 4)
-        elif variant == "scalar":
-            shape = ()
+        shape = core_cases.input_shape(variant)
         inputs = [_data(case, r, shape, dtype) for r in range(size)]
         mine = inputs[rank]
         pre, post = (0.5, 3.0) if kind == "allreduce_scaled" and dtype != "int32" else (2.0, 3.0)

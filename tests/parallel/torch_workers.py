@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import spark_dl.torch as hvd
-from core_cases import cases as core_cases
+import core_cases
+from core_cases import cases as core_case_ids
 from core_workers import _check, _data, _reduce
 
 torch.set_num_threads(1)  # ranks share a small machine
@@ -44,7 +45,7 @@ def torch_cases():
         "sparse_allreduce-float32-Sum",
         "sparse_allreduce-float32-Average",
     ]
-    return core_cases() + extra
+    return core_case_ids() + extra
 
 
 def _t(arr, dtype):
@@ -80,18 +81,12 @@ def _noncontiguous(t):
 
 
 def _one_case(case, rank, size):
-    parts = case.split("-")
-    kind, dtype = parts[0], parts[1]
-    extra = parts[2] if len(parts) > 2 else ""
-    variant = parts[3] if len(parts) > 3 else ""
+    kind, dtype, extra, variant = core_cases.parse(case)
     shape = (5, 3)
     if kind in ("allreduce", "allreduce_scaled", "allreduce_inplace", "allreduce_async"):
         op_name = extra
         op = getattr(hvd, op_name)
-        if variant == "empty":
-            shape = (0, 4)
-        elif variant == "scalar":
-            shape = ()
+        shape = core_cases.input_shape(variant)
         inputs = [_data(case, r, shape, dtype) for r in range(size)]
         mine = _t(inputs[rank], dtype)
         if kind == "allreduce_scaled":
