@@ -34,8 +34,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_MARK = "SDL_BENCH_RESULT "
-PEERS = ("spark_dl", "spark_dl_gloo", "torch", "mpi")
+PEERS = ("spark_dl", "spark_dl_gloo", "spark_dl_mpi", "torch", "mpi")
 PEER_LABELS = {"spark_dl": "spark_dl", "spark_dl_gloo": "spark_dl (Gloo TCP)",
+               "spark_dl_mpi": "spark_dl (MPI)",
                "torch": "torch gloo", "mpi": "Open MPI"}
 
 
@@ -93,6 +94,9 @@ def _launch_mpi(script, peer, args, np_, timeout, mpi_args):
     if shutil.which("mpirun") is None:
         raise RuntimeError("mpirun not found (Open MPI is needed for the mpi peer)")
     env = _base_env()
+    if peer == "spark_dl_mpi":  # spark_dl's core on MPI for every exchange
+        env.update(SDL_CONTROLLER="mpi", SDL_SHM="0")
+        mpi_args = list(mpi_args) + ["-x", "SDL_CONTROLLER", "-x", "SDL_SHM"]
     # Benchmark containers often run as root; Open MPI refuses that unless told twice.
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     # No core binding: the other peers are not bound either, and the machine is shared.
@@ -102,6 +106,7 @@ def _launch_mpi(script, peer, args, np_, timeout, mpi_args):
 
 
 _LAUNCHERS = {"spark_dl": _launch_spark_dl, "spark_dl_gloo": _launch_spark_dl,
+              "spark_dl_mpi": _launch_mpi,
               "torch": _launch_torch, "mpi": _launch_mpi}
 
 
@@ -378,7 +383,7 @@ class Backend:
     def __init__(self, peer):
         self.peer = peer
         self.info = {"peer": peer}
-        getattr(self, "_init_" + peer.replace("spark_dl_gloo", "spark_dl"))()
+        getattr(self, "_init_" + ("spark_dl" if peer.startswith("spark_dl") else peer))()
 
     # spark_dl: the NumPy front end; sdlrun set the rank environment (SDL_SHM picks the path).
     def _init_spark_dl(self):

@@ -15,7 +15,7 @@ time over the peer's: below 1 means spark_dl is faster.
 
 import _harness as H
 
-DEFAULT_PEERS = ("spark_dl", "spark_dl_gloo", "torch", "mpi")
+DEFAULT_PEERS = ("spark_dl", "spark_dl_gloo", "spark_dl_mpi", "torch", "mpi")
 # Large sizes run fewer calls, so that each size moves about this many bytes per job.
 BYTES_PER_SIZE = 1 << 30
 
