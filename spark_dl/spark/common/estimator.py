@@ -27,8 +27,8 @@ from pyspark.ml import Estimator, Model
 
 from spark_dl.spark.common.backend import Backend, SparkBackend
 from spark_dl.spark.common.dataset import Dataset
-from spark_dl.spark.common.params import (ESTIMATOR_PARAMS, MODEL_PARAMS, check_param_names,
-                                          define_params, set_param_defaults)
+from spark_dl.spark.common.params import (ESTIMATOR_PARAMS, MODEL_PARAMS, TableParams,
+                                          define_params)
 from spark_dl.spark.common.persistence import PersistableParams
 from spark_dl.spark.common.store import Store
 
@@ -70,22 +70,11 @@ def default_store(spark) -> Store:
 
 
 @define_params(ESTIMATOR_PARAMS)
-class EstimatorBase(Estimator, PersistableParams):
+class EstimatorBase(TableParams, Estimator, PersistableParams):
     """Base of the framework estimators (see the module doc for the flow)."""
 
     #: Prefix of generated run ids.
     _run_prefix = "run"
-
-    def __init__(self, **kwargs):
-        super().__init__()
-        set_param_defaults(self)
-        check_param_names(self, kwargs)
-        self._set(**kwargs)
-
-    def setParams(self, **kwargs):
-        """Sets several params at once (keyword arguments named as the params)."""
-        check_param_names(self, kwargs)
-        return self._set(**kwargs)
 
     # ------------------------------------------------------------------ checks
 
@@ -233,19 +222,8 @@ class EstimatorBase(Estimator, PersistableParams):
 
 
 @define_params(MODEL_PARAMS)
-class ModelBase(Model, PersistableParams):
+class ModelBase(TableParams, Model, PersistableParams):
     """Base of the framework models: params from :data:`MODEL_PARAMS`, persistence."""
-
-    def __init__(self, **kwargs):
-        super().__init__()
-        set_param_defaults(self)
-        check_param_names(self, kwargs)
-        self._set(**kwargs)
-
-    def setParams(self, **kwargs):
-        """Sets several params at once (keyword arguments named as the params)."""
-        check_param_names(self, kwargs)
-        return self._set(**kwargs)
 
     def getOutputCols(self) -> List[str]:
         """The columns transform() adds: ``output_cols``, else ``<label>__output`` each."""

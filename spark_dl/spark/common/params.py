@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
-__all__ = ["ParamSpec", "define_params", "set_param_defaults", "check_param_names",
+__all__ = ["ParamSpec", "define_params", "set_param_defaults", "check_param_names", "TableParams",
            "params_signature", "params_doc", "accessor_stem", "ESTIMATOR_PARAMS",
            "MODEL_PARAMS"]
 
@@ -359,6 +359,22 @@ def check_param_names(instance: Params, kwargs: Dict[str, Any]) -> None:
     if unknown:
         raise TypeError(f"{type(instance).__name__} got unknown parameter(s) {unknown}; "
                         f"known parameters: {sorted(known)}")
+
+
+class TableParams:
+    """Mixin for classes decorated with :func:`define_params`: a constructor and
+    ``setParams`` taking the table's params as keyword arguments."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        set_param_defaults(self)
+        check_param_names(self, kwargs)
+        self._set(**kwargs)
+
+    def setParams(self, **kwargs):
+        """Sets several params at once (keyword arguments named as the params)."""
+        check_param_names(self, kwargs)
+        return self._set(**kwargs)
 
 
 def params_signature(specs: Sequence[ParamSpec]) -> inspect.Signature:
