@@ -41,27 +41,3 @@ def spark():
     del pyspark
     yield session
     session.stop()
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    """A moto S3 server on 127.0.0.1 for this module (bucket 'spark-dl-test')."""
-    import logging
-    import socket
-
-    server_mod = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        with socket.create_connection((host, port), timeout=5):
-            pass
-        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                     aws_secret_access_key="testing", region_name="us-east-1") \
-            .create_bucket(Bucket="spark-dl-test")
-        yield endpoint
-    finally:
-        server.stop()

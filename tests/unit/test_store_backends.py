@@ -6,10 +6,8 @@ stops; HDFS runs only when a Hadoop client is configured (SPARK_DL_TEST_HDFS=hdf
 Where backends differ, tests branch on ``store.capabilities``.
 """
 
-import logging
 import os
 import pickle
-import socket
 import uuid
 
 import pytest
@@ -18,27 +16,6 @@ from spark_dl.spark.common.store import (DBFSLocalStore, FilesystemStore, HDFSSt
                                          LocalStore, RemoteStore, Store)
 
 S3_KEY, S3_SECRET, S3_REGION = "testing", "testing", "us-east-1"
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    """A moto S3 server on loopback for this module; yields its endpoint URL."""
-    server_mod = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        with socket.create_connection((host, port), timeout=5):
-            pass
-        boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_KEY,
-                     aws_secret_access_key=S3_SECRET, region_name=S3_REGION) \
-            .create_bucket(Bucket="spark-dl-test")
-        yield endpoint
-    finally:
-        server.stop()
 
 
 def _s3fs_store(endpoint, prefix):
