@@ -379,3 +379,38 @@ def grouped_allgather():
                            finish=lambda o, i: np.from_dlpack(_ops.DLPackTensor(o[0])),
                            group="gg", group_size=3) for i in range(3)]
     return [h.wait(timeout=30).tolist() for h in handles]
+
+
+def idle_costs():
+    """What an idle rank and a rank waiting for a late peer cost: cycles and CPU seconds."""
+    sdl.init()
+    rank = sdl.rank()
+    sdl.allreduce(np.ones(4), name="warmup")
+    before = sdl.counters()["cycles"]
+    time.sleep(1.0)  # every rank idle
+    idle_cycles = sdl.counters()["cycles"] - before
+    sdl.allreduce(np.ones(4), name="together")
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    if rank == sdl.size() - 1:
+        time.sleep(1.5)  # the others wait for this rank inside the collective
+    sdl.allreduce(np.ones(1 << 16, np.float32), name="late")
+    return {"idle_cycles": idle_cycles, "wait_cpu": time.process_time() - cpu0,
+            "wait_wall": time.monotonic() - wall0}
+
+
+def subset_while_outsider_idles():
+    """Ranks 0 and 1 run many small ops on their own set while the last rank idles."""
+    sdl.init()
+    rank, size = sdl.rank(), sdl.size()
+    pair = sdl.add_process_set([0, 1])
+    sdl.allreduce(np.ones(1), name="ready")
+    elapsed = None
+    if pair.included():
+        start = time.monotonic()
+        for i in range(50):
+            sdl.allreduce(np.ones(4), name=f"pair.{i}", process_set=pair)
+        elapsed = time.monotonic() - start
+    else:
+        time.sleep(2.0)
+    sdl.allreduce(np.ones(1), name="done")
+    return {"elapsed": elapsed}

@@ -120,3 +120,25 @@ def test_stall_warning_names_missing_rank():
 def test_grouped_allgather_runs_every_member():
     for r in run_ranks("core_workers:grouped_allgather", 2, timeout=60):
         assert r == [[0, 0, 0], [1, 1, 1], [2, 2, 2]]
+
+
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_idle_and_waiting_ranks_leave_the_cpu_alone(transport):
+    # Idle ranks that belong to every set run heartbeat cycles only
+    # (SDL_IDLE_CYCLE_TIME, 100 ms), not one per SDL_CYCLE_TIME (1 ms); a rank
+    # waiting in a collective for a late peer sleeps instead of spinning.
+    env = {"SDL_SHM": "1" if transport == "shm" else "0"}
+    res = run_ranks("core_workers:idle_costs", 2, env=env, timeout=60)
+    for r in res:
+        assert r["idle_cycles"] <= 25, r
+    waiter = res[0]
+    assert waiter["wait_wall"] > 1.2, waiter
+    assert waiter["wait_cpu"] < 0.06 * waiter["wait_wall"], waiter
+
+
+def test_subset_ops_stay_fast_while_an_outsider_idles():
+    # A rank outside a set keeps short idle cycles: the set's members need
+    # its world cycles, so it must not sleep for SDL_IDLE_CYCLE_TIME.
+    res = run_ranks("core_workers:subset_while_outsider_idles", 3, timeout=60)
+    for r in res[:2]:
+        assert r["elapsed"] < 1.5, r

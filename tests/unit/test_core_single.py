@@ -84,6 +84,13 @@ def test_knob_table_is_the_core_table():
     assert "SDL_CYCLE_TIME" in knobs.describe()
 
 
+def test_docs_knob_table_is_the_code_table():
+    # docs/core.md carries knobs.describe() verbatim; regenerate it when knobs.def changes.
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "core.md")
+    with open(docs) as f:
+        assert knobs.describe().strip() in f.read()
+
+
 def test_init_knob_overrides_and_fixed_knobs(initialized):
     sdl.shutdown()
     sdl.init(fusion_threshold=0, cache_capacity=0)

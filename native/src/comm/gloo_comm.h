@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,12 @@ class GlooComm : public Comm {
 
  private:
   [[noreturn]] void Rethrow(const char* what, const std::exception& e);
+  void GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, ReduceOp op);
   std::shared_ptr<gloo::Context> ctx_;
   int rank_, size_;
   std::vector<int> global_ranks_;
   uint32_t tag_ = 0;
+  std::vector<uint8_t> gather_;  // GatherReduce's receive buffer, reused
 };
 
 }  // namespace sdl

@@ -1,10 +1,12 @@
 #include "comm/shm_comm.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,6 +45,19 @@ inline void CpuRelax() {
 #endif
 }
 
+// Shared (not process-private) futexes: the word lives in a segment mapped by
+// several processes.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, double seconds) {
+  struct timespec ts;
+  ts.tv_sec = static_cast<time_t>(seconds);
+  ts.tv_nsec = static_cast<long>((seconds - static_cast<double>(ts.tv_sec)) * 1e9);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
 size_t RoundUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 // True when pid has exited: gone, or a zombie its parent has not reaped yet
@@ -64,10 +79,16 @@ bool ProcessExited(pid_t pid) {
 
 }  // namespace
 
+// One cache line per rank. A waiting peer spins briefly, then sleeps on the
+// futex word `seq` (the low 32 bits of step, bumped on failure too) after
+// counting itself in `waiters`, so the owner only pays for a wake-up system
+// call when somebody actually sleeps.
 struct alignas(kAlign) ShmComm::Control {
   std::atomic<uint64_t> step;
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> failed;
+  std::atomic<uint32_t> seq;
+  std::atomic<uint32_t> waiters;
 };
 
 ShmComm::ShmComm(const std::string& name, int rank, int size, std::vector<int> global_ranks,
@@ -126,6 +147,8 @@ ShmComm::ShmComm(const std::string& name, int rank, int size, std::vector<int> g
       c->step.store(0);
       c->pid.store(0);
       c->failed.store(0);
+      c->seq.store(0);
+      c->waiters.store(0);
     }
     hdr->magic.store(kMagic, std::memory_order_release);
   } else {
@@ -157,6 +180,7 @@ ShmComm::~ShmComm() {
   // down) learn it at once instead of at their timeout.
   uint32_t none = 0;
   ctl(rank_)->failed.compare_exchange_strong(none, 2);
+  Publish();
   munmap(base_, total_bytes_);
 }
 
@@ -168,52 +192,78 @@ char* ShmComm::half(int r, uint64_t round) const {
   return base_ + header_bytes_ + slot_bytes_ * r + (round % 2) * half_bytes_;
 }
 
+void ShmComm::Publish() {
+  Control* me = ctl(rank_);
+  me->seq.fetch_add(1);
+  if (me->waiters.load() != 0) FutexWakeAll(&me->seq);
+}
+
 void ShmComm::Fail(const std::string& msg) {
-  if (base_) ctl(rank_)->failed.store(1, std::memory_order_release);
+  if (base_) {
+    ctl(rank_)->failed.store(1, std::memory_order_release);
+    Publish();
+  }
   throw Error(ErrorCode::kPeerFailure, msg);
 }
 
 void ShmComm::WaitFor(int peer, uint64_t step) {
   Control* c = ctl(peer);
-  for (int i = 0; i < 4000; ++i) {
+  for (int i = 0; i < 1000; ++i) {
     if (c->step.load(std::memory_order_acquire) >= step) return;
     CpuRelax();
   }
   double start = Now();
   double deadline = start + timeout_s_;
-  double next_pid_check = start;
-  uint64_t spins = 0;
-  while (c->step.load(std::memory_order_acquire) < step) {
-    ++spins;
-    if (spins % 64 == 0) {
-      double now = Now();
-      if (uint32_t f = c->failed.load(std::memory_order_acquire))
-        Fail("rank " + std::to_string(global_ranks_[peer]) +
-             (f == 1 ? " failed during a collective (its transport raised an error)"
-                     : " stopped taking part in collectives (it shut down or failed)"));
+  double next_check = start;
+  bool counted = false;
+  struct Uncount {  // leave the waiter count as found, also when Fail throws
+    std::atomic<uint32_t>* waiters;
+    bool* counted;
+    ~Uncount() {
+      if (*counted) waiters->fetch_sub(1);
+    }
+  } uncount{&c->waiters, &counted};
+  while (true) {
+    // Read seq before step: a publish after this read changes seq, so the
+    // futex wait below returns at once instead of missing it.
+    uint32_t seq = c->seq.load();
+    if (c->step.load() >= step) return;
+    if (uint32_t f = c->failed.load(std::memory_order_acquire))
+      Fail("rank " + std::to_string(global_ranks_[peer]) +
+           (f == 1 ? " failed during a collective (its transport raised an error)"
+                   : " stopped taking part in collectives (it shut down or failed)"));
+    double now = Now();
+    if (now >= next_check) {
+      next_check = now + 0.01;
       pid_t pid = c->pid.load();
-      if (now >= next_pid_check && (next_pid_check = now + 0.01, ProcessExited(pid)))
+      if (ProcessExited(pid))
         Fail("rank " + std::to_string(global_ranks_[peer]) + " (pid " + std::to_string(pid) +
              ") exited while rank " + std::to_string(global_ranks_[rank_]) +
              " waited for it in a collective");
       if (now > deadline)
         Fail("rank " + std::to_string(global_ranks_[peer]) + " did not take part in a collective for " +
              std::to_string(static_cast<int>(timeout_s_)) + " s (SDL_TIMEOUT); it is hung or stopped");
-      // Yield first (cheap when the peer is about to arrive), then sleep so an
-      // idle rank does not steal a core from the framework's compute threads.
-      if (now - start > 0.0002) {
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, nullptr);
-        continue;
-      }
     }
-    sched_yield();
+    // Yield for a few tens of microseconds (cheap when the peer is about to
+    // arrive), then sleep on the peer's futex so a waiting rank leaves its
+    // core to the framework's compute threads; the peer's next step wakes it.
+    if (now - start < 0.00005) {
+      sched_yield();
+      continue;
+    }
+    if (!counted) {
+      c->waiters.fetch_add(1);
+      counted = true;
+      continue;  // re-read seq and step after announcing ourselves
+    }
+    FutexWait(&c->seq, seq, std::min(0.01, std::max(next_check - now, 0.0001)));
   }
 }
 
 void ShmComm::Sync() {
   ++step_;
   ctl(rank_)->step.store(step_, std::memory_order_release);
+  Publish();
   for (int q = 0; q < size_; ++q)
     if (q != rank_) WaitFor(q, step_);
 }

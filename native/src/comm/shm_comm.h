@@ -3,7 +3,8 @@
 // Why: on one host a TCP loopback exchange costs several copies and kernel
 // round trips per message; a shared segment lets each rank read its peers'
 // data with plain memory copies, and a per-rank step counter lets peers meet
-// in a few microseconds (spin, then yield, then short sleeps).
+// in a few microseconds (spin, then yield, then a futex sleep the peer's next
+// step ends).
 //
 // Layout: a header with one cache line of control per rank (step counter, pid,
 // failure flag) followed by one staging slot per rank. Every data round uses
@@ -48,6 +49,8 @@ class ShmComm : public Comm {
   // Publishes this rank's arrival at the next step and waits for every peer.
   void Sync();
   void WaitFor(int peer, uint64_t step);
+  // Bumps this rank's futex word and wakes peers sleeping on it.
+  void Publish();
   [[noreturn]] void Fail(const std::string& msg);
 
   int rank_, size_;

@@ -537,11 +537,20 @@ bool Runtime::Cycle(ProcessSet& ps, bool world) {
   return false;
 }
 
-void Runtime::WaitForWork(bool busy) {
+void Runtime::WaitForWork(bool busy, bool everywhere) {
   Config cfg = config();
   // While tensors wait for slower ranks, cycle more often: their arrival is
-  // only seen through negotiation.
-  double wait_ms = busy ? std::min(cfg.cycle_time_ms, 0.1) : cfg.cycle_time_ms;
+  // only seen through negotiation. A rank with nothing to do that belongs to
+  // every set sleeps longer: any operation, anywhere, needs its own enqueue
+  // (which wakes it), and peers with work block in the cycle until it comes.
+  // A rank outside some set keeps the short cycle: that set's members may
+  // have work that waits on this rank's world cycles.
+  double wait_ms = cfg.cycle_time_ms;
+  if (busy) {
+    wait_ms = std::min(cfg.cycle_time_ms, 0.1);
+  } else if (everywhere) {
+    wait_ms = std::max(cfg.cycle_time_ms, std::min(cfg.idle_cycle_ms, cfg.timeout_s * 250.0));
+  }
   {
     std::unique_lock<std::mutex> lk(wake_mu_);
     wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(wait_ms),
@@ -555,12 +564,15 @@ void Runtime::Loop() {
   std::string message;
   try {
     while (true) {
-      bool busy = false;
+      bool busy = false, everywhere = true;
       {
         std::lock_guard<std::mutex> lk(sets_mu_);
-        for (auto& [id, ps] : active_) busy |= !ps->pending.empty() || ps->joined;
+        for (auto& [id, ps] : active_) {
+          busy |= !ps->pending.empty() || ps->joined;
+          everywhere &= ps->member();
+        }
       }
-      WaitForWork(busy);
+      WaitForWork(busy, everywhere);
       std::shared_ptr<ProcessSet> world = FindSet(0);
       if (Cycle(*world, true)) break;
       std::vector<std::shared_ptr<ProcessSet>> sets;

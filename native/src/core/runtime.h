@@ -8,7 +8,8 @@
 // ready everywhere, and runs them in the agreed order; callers only enqueue
 // and wait on handles. The thread wakes as soon as work is enqueued (no fixed
 // sleep in front of small collectives) and otherwise runs an idle cycle every
-// cycle_time_ms so that ranks notice each other's failures and shutdown.
+// idle_cycle_ms (cycle_time_ms when some set excludes this rank) so that ranks
+// notice each other's shutdown without spending CPU on empty negotiations.
 #pragma once
 
 #include <atomic>
@@ -110,7 +111,7 @@ class Runtime {
   // One negotiation cycle of one set; returns true when the ranks agreed to stop.
   bool Cycle(ProcessSet& ps, bool world);
   void Intake(ProcessSet& ps);
-  void WaitForWork(bool busy);
+  void WaitForWork(bool busy, bool everywhere);
   void Execute(ProcessSet& ps, const Response& r, bool from_cache);
   void Finish(ProcessSet& ps, const std::string& name, Result result);
   void ExecAllreduce(ProcessSet& ps, const Response& r);
