@@ -30,6 +30,8 @@ def cases():
         out.append(f"allreduce_inplace-{dt}-Sum")
     for dt in DTYPES:  # above the transports' small-message paths (Gloo: 64 KiB gathered)
         out.append(f"allreduce-{dt}-{'Max' if dt == 'bool' else 'Sum'}-large")
+    for dt in ("float16", "float32", "int64"):  # several ring chunks, uneven blocks
+        out.append(f"allreduce-{dt}-Sum-huge")
     out.append("allreduce-float32-Sum-empty")
     out.append("allgather-float32-zero_rows")
     out.append("allreduce-float32-Sum-scalar")
@@ -45,4 +47,5 @@ def parse(case):
 
 def input_shape(variant):
     """The per-rank input shape of an allreduce case variant."""
-    return {"empty": (0, 4), "scalar": (), "large": (20000, 3)}.get(variant, (5, 3))
+    return {"empty": (0, 4), "scalar": (), "large": (20000, 3),
+            "huge": (200003,)}.get(variant, (5, 3))

@@ -13,6 +13,7 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/types.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
@@ -33,6 +34,15 @@ char kEmpty[8];
 // Gloo's ring allreduce, which is what small messages (negotiation bit
 // vectors, scalars, small gradients) pay for in latency.
 constexpr size_t kGatherReduceBytes = 64 * 1024;
+
+// Larger allreduces run as a ring (reduce-scatter, then allgather) written on
+// Gloo's send/recv buffers. Each step's block moves in chunks of this many
+// bytes, so a chunk is reduced while the next ones are still on the wire.
+constexpr size_t kRingChunkBytes = 256 * 1024;
+
+// Slot prefix for our own point-to-point exchanges (Gloo's collectives use
+// 0x01-0x08; the tag keeps successive operations apart).
+constexpr uint8_t kRingSlotPrefix = 0x53;
 
 }  // namespace
 
@@ -92,6 +102,10 @@ void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
     GatherReduce(buf, count, bytes, dt, op);
     return;
   }
+  if (size_ > 1 && count >= static_cast<size_t>(size_)) {
+    RingAllreduce(static_cast<char*>(buf), count, dt, op);
+    return;
+  }
   gloo::AllreduceOptions opts(ctx_);
   switch (DataTypeSize(dt)) {
     case 1: opts.setOutput(static_cast<uint8_t*>(buf), count); break;
@@ -124,6 +138,56 @@ void GlooComm::GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, 
   // Every rank reduces in rank order, so every rank ends with the same bits.
   std::memcpy(buf, gather_.data(), bytes);
   for (int q = 1; q < size_; ++q) Reduce(buf, buf, gather_.data() + q * bytes, count, dt, op);
+}
+
+void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) {
+  const size_t es = DataTypeSize(dt);
+  const int n = size_;
+  const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
+  // Block q: elements [first[q], first[q + 1]).
+  std::vector<size_t> first(n + 1);
+  for (int q = 0; q <= n; ++q) first[q] = count * static_cast<size_t>(q) / n;
+  size_t max_block = 0;
+  for (int q = 0; q < n; ++q) max_block = std::max(max_block, first[q + 1] - first[q]);
+  ring_tmp_.resize(max_block * es);
+  const size_t chunk = std::max<size_t>(kRingChunkBytes / es, 1);
+  const auto timeout = ctx_->getTimeout();
+  try {
+    auto data = ctx_->createUnboundBuffer(buf, count * es);
+    auto tmp = ctx_->createUnboundBuffer(ring_tmp_.data(), ring_tmp_.size());
+    // One step: send block `out` right while block `in` comes from the left,
+    // chunk by chunk; reduce_in: received chunks go to tmp and are reduced
+    // into buf, else they land in buf directly.
+    auto step = [&](int out, int in, bool reduce_in) {
+      const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, tag_++);
+      const size_t in_len = first[in + 1] - first[in], out_len = first[out + 1] - first[out];
+      size_t recvs = 0, sends = 0;
+      for (size_t off = 0; off < in_len; off += chunk, ++recvs) {
+        const size_t len = std::min(chunk, in_len - off);
+        if (reduce_in) tmp->recv(left, slot, off * es, len * es);
+        else data->recv(left, slot, (first[in] + off) * es, len * es);
+      }
+      for (size_t off = 0; off < out_len; off += chunk, ++sends)
+        data->send(right, slot, (first[out] + off) * es, std::min(chunk, out_len - off) * es);
+      for (size_t i = 0; i < recvs; ++i) {
+        if (reduce_in) {
+          tmp->waitRecv(timeout);
+          const size_t off = i * chunk, len = std::min(chunk, in_len - off);
+          char* dst = buf + (first[in] + off) * es;
+          Reduce(dst, ring_tmp_.data() + off * es, dst, len, dt, op);
+        } else {
+          data->waitRecv(timeout);
+        }
+      }
+      for (size_t i = 0; i < sends; ++i) data->waitSend(timeout);
+    };
+    // Reduce-scatter: after n-1 steps this rank holds block (rank+1) % n fully reduced.
+    for (int s = 0; s < n - 1; ++s) step((rank_ - s + n) % n, (rank_ - s - 1 + 2 * n) % n, true);
+    // Allgather: pass the reduced blocks around the ring.
+    for (int s = 0; s < n - 1; ++s) step((rank_ + 1 - s + n) % n, (rank_ - s + n) % n, false);
+  } catch (const gloo::Exception& e) {
+    Rethrow("allreduce", e);
+  }
 }
 
 void GlooComm::Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {

@@ -1,5 +1,6 @@
 #include "core/runtime.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -75,7 +76,10 @@ Runtime::Runtime(RuntimeOptions opts) : opts_(std::move(opts)), config_(opts_.co
     for (auto& [k, v] : config_.Items()) s << " " << k << "=" << v;
     Log(1, s.str());
   }
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "sdl_background");  // named in top, perf, gdb
+    Loop();
+  });
 }
 
 void Runtime::InitStore() {
