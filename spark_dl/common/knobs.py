@@ -36,7 +36,11 @@ class Knob:
 
     def parse(self, text):
         """Converts text (as found in the environment) to the knob's type."""
-        return _PARSE[self.type](text)
+        try:
+            return _PARSE[self.type](text)
+        except ValueError:
+            kind = "an integer" if self.type == "int64" else "a number"
+            raise ValueError(f"{self.env}={text}: expected {kind}") from None
 
 
 def _load():

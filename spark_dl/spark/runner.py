@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
+from spark_dl.common import knobs
 from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.runner.secret import make_secret
 from spark_dl.spark import pickling
@@ -38,8 +39,7 @@ from spark_dl.spark.task.main import TaskMain, TaskSettings
 
 __all__ = ["run"]
 
-DEFAULT_START_TIMEOUT_S = 600.0
-START_TIMEOUT_VARS = ("SDL_SPARK_START_TIMEOUT", "HOROVOD_SPARK_START_TIMEOUT")
+HOROVOD_START_TIMEOUT_VAR = "HOROVOD_SPARK_START_TIMEOUT"  # read when the knob is unset
 KILL_GRACE_S = 3.0
 # Bounds of the clean-up after a failure: stop the workers, then the Spark job.
 _STOP_WAIT_S = KILL_GRACE_S + 4.0
@@ -50,12 +50,11 @@ _FINISH_WAIT_S = 30.0
 
 def _start_timeout(value: Optional[float]) -> float:
     if value is None:
-        for name in START_TIMEOUT_VARS:
-            if os.environ.get(name):
-                value = float(os.environ[name])
-                break
-        else:
-            value = DEFAULT_START_TIMEOUT_S
+        env = dict(os.environ)
+        knob_env = knobs.table()["spark_start_timeout_s"].env
+        if not env.get(knob_env) and env.get(HOROVOD_START_TIMEOUT_VAR):
+            env[knob_env] = env[HOROVOD_START_TIMEOUT_VAR]
+        value = knobs.value("spark_start_timeout_s", env)
     if value <= 0:
         raise ValueError(f"start_timeout must be positive, got {value}")
     return float(value)

@@ -88,7 +88,9 @@ def test_docs_knob_table_is_the_code_table():
     # docs/core.md carries knobs.describe() verbatim; regenerate it when knobs.def changes.
     docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "core.md")
     with open(docs) as f:
-        assert knobs.describe().strip() in f.read()
+        assert knobs.describe().strip() in f.read(), (
+            "docs/core.md's knob table is stale: paste the output of "
+            "python -c 'from spark_dl.common import knobs; print(knobs.describe())'")
 
 
 def test_init_knob_overrides_and_fixed_knobs(initialized):
