@@ -321,10 +321,10 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     tensors = _as_list(tensors, "grouped_allgather")
     sources = [_source(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
     group = _group_name("grouped_allgather", name, process_set)
-    # Each member is its own operation: the core executes only the first member of a
-    # grouped (group=...) allgather (see docs/torch.md, "known core limitations").
+    # Negotiated as one unit: every member is ready on every rank before any runs.
     handles = [_ops.submit("allgather", f"{group}.{i}", src, finish=lambda o, i: _wrap(o[0]),
-                           process_set=process_set) for i, src in enumerate(sources)]
+                           process_set=process_set, group=group, group_size=len(sources))
+               for i, src in enumerate(sources)]
     return CompositeHandle(handles, list, group)
 
 
@@ -400,10 +400,11 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     sources = [_source(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
     group = _group_name("grouped_reducescatter", name, process_set)
     op = resolve_op(None, op)
-    # One operation per member, as for grouped_allgather_async.
+    # Negotiated as one unit, as for grouped_allgather_async.
     handles = [_ops.submit("reducescatter", f"{group}.{i}", src, finish=lambda o, i: _wrap(o[0]),
                            process_set=process_set, op=op, prescale_factor=prescale_factor,
-                           postscale_factor=postscale_factor) for i, src in enumerate(sources)]
+                           postscale_factor=postscale_factor, group=group,
+                           group_size=len(sources)) for i, src in enumerate(sources)]
     return CompositeHandle(handles, list, group)
 
 
