@@ -12,8 +12,9 @@ import uuid
 
 import pytest
 
+from spark_dl.spark.common.remote_store import RemoteStore
 from spark_dl.spark.common.store import (DBFSLocalStore, FilesystemStore, HDFSStore,
-                                         LocalStore, RemoteStore, Store)
+                                         LocalStore, Store)
 
 S3_KEY, S3_SECRET, S3_REGION = "testing", "testing", "us-east-1"
 
