@@ -208,7 +208,7 @@ void ShmComm::Fail(const std::string& msg) {
 
 void ShmComm::WaitFor(int peer, uint64_t step) {
   Control* c = ctl(peer);
-  for (int i = 0; i < 1000; ++i) {
+  for (int i = 0; i < 2000; ++i) {
     if (c->step.load(std::memory_order_acquire) >= step) return;
     CpuRelax();
   }
@@ -227,7 +227,10 @@ void ShmComm::WaitFor(int peer, uint64_t step) {
     // Read seq before step: a publish after this read changes seq, so the
     // futex wait below returns at once instead of missing it.
     uint32_t seq = c->seq.load();
-    if (c->step.load() >= step) return;
+    if (c->step.load() >= step) {
+      AdaptYield(Now() - start);
+      return;
+    }
     if (uint32_t f = c->failed.load(std::memory_order_acquire))
       Fail("rank " + std::to_string(global_ranks_[peer]) +
            (f == 1 ? " failed during a collective (its transport raised an error)"
@@ -244,13 +247,10 @@ void ShmComm::WaitFor(int peer, uint64_t step) {
         Fail("rank " + std::to_string(global_ranks_[peer]) + " did not take part in a collective for " +
              std::to_string(static_cast<int>(timeout_s_)) + " s (SDL_TIMEOUT); it is hung or stopped");
     }
-    // Yield for a few tens of microseconds (cheap when the peer is about to
-    // arrive), then sleep on the peer's futex so a waiting rank leaves its
-    // core to the framework's compute threads; the peer's next step wakes it.
-    // Trade-off measured on 2 busy cores: 4000 pauses + 200 us of yields
-    // gave 11 us small-allreduce latency against 26 us with these values, but
-    // training steps (benchmarks/torch_ddp.py) ran 5-10% slower.
-    if (now - start < 0.00005) {
+    // Yield for a while (cheap when the peer is about to arrive), then sleep
+    // on the peer's futex so a waiting rank leaves its core to the
+    // framework's compute threads; the peer's next step wakes it.
+    if (now - start < yield_s_) {
       sched_yield();
       continue;
     }
@@ -261,6 +261,18 @@ void ShmComm::WaitFor(int peer, uint64_t step) {
     }
     FutexWait(&c->seq, seq, std::min(0.01, std::max(next_check - now, 0.0001)));
   }
+}
+
+// The yield window adapts to how long peers keep this rank waiting. Back-to-back
+// small collectives meet within tens of microseconds: a longer window saves
+// the futex sleep and wake-up on every call (11 us against 26 us per 4 KiB
+// allreduce on 2 busy cores). During training a peer is usually computing for
+// milliseconds: there yielding only burns CPU the training threads need
+// (5-10% slower steps with a fixed 200 us window), so the window shrinks.
+void ShmComm::AdaptYield(double waited_s) {
+  constexpr double kMin = 0.00002, kMax = 0.0002;
+  if (waited_s <= yield_s_) yield_s_ = std::min(kMax, yield_s_ * 2);  // met while yielding
+  else if (waited_s > 0.001) yield_s_ = std::max(kMin, yield_s_ / 2);  // peer was far away
 }
 
 void ShmComm::Sync() {

@@ -51,6 +51,8 @@ class ShmComm : public Comm {
   void WaitFor(int peer, uint64_t step);
   // Bumps this rank's futex word and wakes peers sleeping on it.
   void Publish();
+  // Adjusts yield_s_ after a wait of waited_s seconds (see shm_comm.cc).
+  void AdaptYield(double waited_s);
   [[noreturn]] void Fail(const std::string& msg);
 
   int rank_, size_;
@@ -63,6 +65,7 @@ class ShmComm : public Comm {
   size_t header_bytes_ = 0;
   uint64_t step_ = 0;
   uint64_t round_ = 0;
+  double yield_s_ = 0.00005;  // how long WaitFor yields before it sleeps
 };
 
 }  // namespace sdl
