@@ -135,3 +135,18 @@ def run_ranks(target, np_, env=None, timeout=120, args=(), launcher="store"):
             raise RankFailed(f"rank {r} failed (exit {code}):\n{tb}\noutput:\n{output}")
         values.append(payload["value"])
     return values
+
+
+def run_once(cache, key, launch):
+    """``launch()`` once per ``key`` of a test module's ``cache``: every test that asks for
+    the same key gets that launch's result, or its exception raised again (so one failed
+    launch fails each of its tests, instead of relaunching per test)."""
+    if key not in cache:
+        try:
+            cache[key] = launch()
+        except Exception as e:  # noqa: BLE001 - re-raised for every test of this key
+            cache[key] = e
+    res = cache[key]
+    if isinstance(res, Exception):
+        raise res
+    return res

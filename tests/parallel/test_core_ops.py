@@ -4,7 +4,7 @@ checked against NumPy (each rank recomputes every rank's inputs)."""
 import pytest
 
 from core_cases import cases
-from harness import run_ranks
+from harness import run_once, run_ranks
 
 from spark_dl import _core
 
@@ -34,18 +34,9 @@ _results = {}
 
 
 def _matrix(np_, transport):
-    key = (np_, transport)
-    if key not in _results:
-        try:
-            _results[key] = run_ranks("core_workers:op_matrix", np_, env=_env(transport, np_),
-                                      timeout=240,
-                                      launcher="mpi" if "mpi" in transport else "store")
-        except Exception as e:  # noqa: BLE001 - every case of this launch reports it
-            _results[key] = e
-    res = _results[key]
-    if isinstance(res, Exception):
-        raise res
-    return res
+    return run_once(_results, (np_, transport), lambda: run_ranks(
+        "core_workers:op_matrix", np_, env=_env(transport, np_), timeout=240,
+        launcher="mpi" if "mpi" in transport else "store"))
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))

@@ -4,7 +4,7 @@ on 2 and 3 ranks."""
 
 import pytest
 
-from harness import run_ranks
+from harness import run_once, run_ranks
 
 pytestmark = pytest.mark.timeout(300)
 _results = {}
@@ -19,15 +19,8 @@ CASES = [
 
 
 def _launch(np_):
-    if np_ not in _results:
-        try:
-            _results[np_] = run_ranks("torch_workers:autograd_and_sync_bn", np_, timeout=240)
-        except Exception as e:  # noqa: BLE001 - every case of this launch reports it
-            _results[np_] = e
-    res = _results[np_]
-    if isinstance(res, Exception):
-        raise res
-    return res
+    return run_once(_results, np_, lambda: run_ranks("torch_workers:autograd_and_sync_bn",
+                                                     np_, timeout=240))
 
 
 @pytest.mark.parametrize("np_", [2, 3])

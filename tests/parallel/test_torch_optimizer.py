@@ -3,7 +3,7 @@ batches; broadcast_parameters / broadcast_optimizer_state / object broadcasts.""
 
 import pytest
 
-from harness import run_ranks
+from harness import run_once, run_ranks
 from torch_workers import TRAIN_CONFIGS
 
 pytestmark = pytest.mark.timeout(300)
@@ -11,15 +11,8 @@ _results = {}
 
 
 def _launch(target):
-    if target not in _results:
-        try:
-            _results[target] = run_ranks(f"torch_workers:{target}", 2, timeout=240)
-        except Exception as e:  # noqa: BLE001 - every test of this launch reports it
-            _results[target] = e
-    res = _results[target]
-    if isinstance(res, Exception):
-        raise res
-    return res
+    return run_once(_results, target,
+                    lambda: run_ranks(f"torch_workers:{target}", 2, timeout=240))
 
 
 @pytest.mark.parametrize("config", list(TRAIN_CONFIGS))
