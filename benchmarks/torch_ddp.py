@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+import _harness as H
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
@@ -180,18 +182,6 @@ def run_job(args, transport, timeout=900):
                        f"{(p.stdout + p.stderr)[-4000:]}")
 
 
-def describe_machine():
-    model = "unknown CPU"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as f:
-        mem = int(f.readline().split()[1]) / 2**20
-    return f"{model}, {os.cpu_count()} cores, {mem:.0f} GiB"
-
-
 def report(results, args):
     first = next(iter(results.values()))[0]
     lines = [f"SmallCNN, {first['parameters'] / 1e6:.2f} M parameters "
@@ -239,7 +229,7 @@ def main():
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
     if any(t not in ("shm", "gloo") for t in transports):
         raise SystemExit("--transports takes shm and/or gloo")
-    print(f"machine: {describe_machine()}", file=sys.stderr, flush=True)
+    print(f"machine: {H.describe_machine()}", file=sys.stderr, flush=True)
     results = {t: [] for t in transports}
     for r in range(args.rounds):
         for t in transports:
@@ -250,7 +240,7 @@ def main():
     print(report(results, args))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "machine": describe_machine(), "results": results},
+            json.dump({"args": vars(args), "machine": H.describe_machine(), "results": results},
                       f, indent=1)
 
 
