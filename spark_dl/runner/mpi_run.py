@@ -134,6 +134,21 @@ def owner_of(arg: str) -> Optional[str]:
     return _OWNED_FLAGS.get(arg.split("=", 1)[0])
 
 
+def split_args(value, what: str) -> List[str]:
+    """Extra command-line arguments given as one string (split like a shell) or as a list;
+    ``what`` names the option in the error.
+
+    Raises:
+        ValueError: a string a shell could not split (e.g. an unclosed quote).
+    """
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)
+        except ValueError as exc:
+            raise ValueError(f"{what} {value!r}: {exc}") from None
+    return [str(a) for a in value or ()]
+
+
 def split_mpi_args(mpi_args) -> List[str]:
     """``--mpi-args``: a string (split like a shell) or a list; refuses flags that
     sdlrun's own options own.
@@ -141,13 +156,7 @@ def split_mpi_args(mpi_args) -> List[str]:
     Raises:
         ValueError: such a flag.
     """
-    if isinstance(mpi_args, str):
-        try:
-            args = shlex.split(mpi_args)
-        except ValueError as exc:
-            raise ValueError(f"--mpi-args {mpi_args!r}: {exc}") from None
-    else:
-        args = [str(a) for a in mpi_args]
+    args = split_args(mpi_args, "--mpi-args")
     for arg in args:
         owner = owner_of(arg)
         if owner is not None:

@@ -43,7 +43,8 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from spark_dl.runner.mpi_run import (OPEN_MPI_TAG, explain_failure, failed_rank,
-                                     find_mpirun, mpi_environment, mpirun_command, owner_of)
+                                     find_mpirun, mpi_environment, mpirun_command, owner_of,
+                                     split_args)
 from spark_dl.runner.options import LaunchError, LaunchOptions
 from spark_dl.runner.output import TagDemux
 from spark_dl.runner.secret import secret_to_hex
@@ -87,13 +88,7 @@ def spark_mpi_args(extra_mpi_args, nics: Optional[Sequence[str]] = None) -> List
     Raises:
         ValueError: a flag that ``run`` sets itself or that would break the launch.
     """
-    if isinstance(extra_mpi_args, str):
-        try:
-            extra = shlex.split(extra_mpi_args)
-        except ValueError as exc:
-            raise ValueError(f"extra_mpi_args {extra_mpi_args!r}: {exc}") from None
-    else:
-        extra = [str(a) for a in extra_mpi_args or ()]
+    extra = split_args(extra_mpi_args, "extra_mpi_args")
     for arg in extra:
         flag = arg.split("=", 1)[0]
         if owner_of(arg) is not None or flag in _REFUSED_FLAGS or arg in _REFUSED_PARAMS:
