@@ -50,11 +50,9 @@ _FINISH_WAIT_S = 30.0
 
 def _start_timeout(value: Optional[float]) -> float:
     if value is None:
-        env = dict(os.environ)
-        knob_env = knobs.table()["spark_start_timeout_s"].env
-        if not env.get(knob_env) and env.get(HOROVOD_START_TIMEOUT_VAR):
-            env[knob_env] = env[HOROVOD_START_TIMEOUT_VAR]
-        value = knobs.value("spark_start_timeout_s", env)
+        knob = knobs.table()["spark_start_timeout_s"]
+        text = os.environ.get(knob.env) or os.environ.get(HOROVOD_START_TIMEOUT_VAR)
+        value = knob.parse(text) if text else knob.default
     if value <= 0:
         raise ValueError(f"start_timeout must be positive, got {value}")
     return float(value)
