@@ -28,7 +28,7 @@ def train(scale):
     import numpy as np
 
     import spark_dl.numpy as sdl
-    from spark_dl.spark.task import get_available_devices
+    from spark_dl.spark.launch.task import get_available_devices
 
     sdl.init()
     rank, size = sdl.rank(), sdl.size()

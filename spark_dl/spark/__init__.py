@@ -11,7 +11,7 @@ def __getattr__(name):
     # ``run`` (the launch layer, docs/spark.md) is imported on first use, so that
     # importing a submodule (e.g. in a worker) does not load the launcher.
     if name == "run":
-        from spark_dl.spark.runner import run
+        from spark_dl.spark.launch.spark_run import run
 
         return run
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -61,7 +61,7 @@ def processes_with(*needles):
 
 def worker_processes(job_id):
     """Live worker bootstraps of job ``job_id``."""
-    return processes_with("spark_dl.spark.task.worker", job_id)
+    return processes_with("spark_dl.spark.launch.task.worker", job_id)
 
 
 def _visible(pid, secret):
@@ -81,7 +81,7 @@ def _job_secret():
     takes it out of ``os.environ``; MPI workers never put it there)."""
     if "SDL_SECRET_KEY" in os.environ:
         return os.environ["SDL_SECRET_KEY"]
-    from spark_dl.spark.handover import HANDOVER_VAR, fetch_handover
+    from spark_dl.spark.launch.handover import HANDOVER_VAR, fetch_handover
 
     return fetch_handover(os.environ[HANDOVER_VAR])["secret"]
 
@@ -90,7 +90,7 @@ def _job_processes():
     """This machine's processes of the running job: workers (their command lines hold
     the job id), and any mpirun, orted and rsh agent."""
     found = {}
-    for needle in (os.environ["SDL_JOB_ID"], "orted", "mpirun", "spark_dl.spark.rsh_agent"):
+    for needle in (os.environ["SDL_JOB_ID"], "orted", "mpirun", "spark_dl.spark.launch.rsh_agent"):
         found.update(processes_with(needle))
     return found
 
@@ -100,7 +100,7 @@ def topology(tag, scale=1):
     import numpy as np
 
     import spark_dl.numpy as sdl
-    from spark_dl.spark.task import get_available_devices
+    from spark_dl.spark.launch.task import get_available_devices
 
     secret = _job_secret()
     sdl.init()
@@ -163,7 +163,7 @@ def expect_worker_failure(fn, **run_kwargs):
     import pytest
 
     from spark_dl.spark import run
-    from spark_dl.spark.run_errors import WorkerFailedError
+    from spark_dl.spark.launch.errors import WorkerFailedError
 
     start = time.monotonic()
     with pytest.raises(WorkerFailedError) as info:

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from spark_dl.spark import run  # noqa: E402
-from spark_dl.spark.run_errors import NotEnoughSlotsError, WorkerFailedError  # noqa: E402
+from spark_dl.spark.launch.errors import NotEnoughSlotsError, WorkerFailedError  # noqa: E402
 from test_run_cases import sigkill_rank_1, spark_session, topology, worker_processes  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]

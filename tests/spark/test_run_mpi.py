@@ -17,11 +17,11 @@ import pytest
 pytest.importorskip("pyspark")
 
 from spark_dl.spark import run  # noqa: E402
-from spark_dl.spark.driver.service import DriverService, Failure  # noqa: E402
-from spark_dl.spark.handover import SecretHandover, fetch_handover, is_descendant  # noqa: E402
-from spark_dl.spark.launcher import select_launcher  # noqa: E402
-from spark_dl.spark.rsh_agent import split_argv  # noqa: E402
-from spark_dl.spark.run_errors import (MpiNotBuiltError, NotEnoughSlotsError,  # noqa: E402
+from spark_dl.spark.launch.driver.service import DriverService, Failure  # noqa: E402
+from spark_dl.spark.launch.handover import SecretHandover, fetch_handover, is_descendant  # noqa: E402
+from spark_dl.spark.launch.launcher import select_launcher  # noqa: E402
+from spark_dl.spark.launch.rsh_agent import split_argv  # noqa: E402
+from spark_dl.spark.launch.errors import (MpiNotBuiltError, NotEnoughSlotsError,  # noqa: E402
                                        RunError)
 from test_run_cases import (ROOT, check_two_ranks_one_host,  # noqa: E402
                             expect_worker_failure, processes_with, raise_on_rank_1,
@@ -70,7 +70,7 @@ def _leftovers(job_id, wait_s=5.0):
     deadline = time.monotonic() + wait_s
     while True:
         left = worker_processes(job_id) + [
-            (pid, cmd) for needle in ("orted", "mpirun", "spark_dl.spark.rsh_agent")
+            (pid, cmd) for needle in ("orted", "mpirun", "spark_dl.spark.launch.rsh_agent")
             for pid, cmd in processes_with(needle) if is_descendant(pid, os.getpid())]
         if not left or time.monotonic() > deadline:
             return left
@@ -188,13 +188,13 @@ def test_without_mpirun_mpi_is_refused_clearly(monkeypatch, tmp_path):
 
 _HANDOVER_CHILD = textwrap.dedent("""
     import os, sys
-    from spark_dl.spark.handover import fetch_handover
+    from spark_dl.spark.launch.handover import fetch_handover
     print(fetch_handover(os.environ["ADDR"])["secret"])
 """)
 
 _HANDOVER_SERVER = textwrap.dedent("""
     import sys, time
-    from spark_dl.spark.handover import SecretHandover
+    from spark_dl.spark.launch.handover import SecretHandover
     h = SecretHandover({"secret": "s3cr3t"}, label="test")
     print(h.address, flush=True)
     time.sleep(30)
@@ -279,8 +279,8 @@ def _daemon_run(client, command, timeout=20.0):
 
 def test_task_service_hosts_reaps_and_serves_the_mpi_daemon():
     from spark_dl.runner.secret import make_secret
-    from spark_dl.spark.service import ServiceClient
-    from spark_dl.spark.task.service import TaskService
+    from spark_dl.spark.launch.service import ServiceClient
+    from spark_dl.spark.launch.task.service import TaskService
 
     secret = make_secret()
     dead_driver = ServiceClient("driver", secret, [("127.0.0.1", 9)], timeout=1.0)
@@ -294,7 +294,7 @@ def test_task_service_hosts_reaps_and_serves_the_mpi_daemon():
         # The daemon runs through a shell with the driver's environment; what it starts
         # gets the secret from the task's handover, which nothing outside hands out.
         clients[0].call("host_daemon", env={"SDL_X": "x1"})
-        fetch = ("from spark_dl.spark.handover import fetch_handover as f; import os; "
+        fetch = ("from spark_dl.spark.launch.handover import fetch_handover as f; import os; "
                  "print(len(f(os.environ['SDL_SPARK_HANDOVER'])['secret']))")
         out, err, code = _daemon_run(
             clients[0], f'echo "out $SDL_X" && "$SDL_SPARK_PYTHON" -c "{fetch}" '

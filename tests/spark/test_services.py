@@ -21,17 +21,17 @@ import time
 import pytest
 
 from spark_dl.runner.secret import SEAL_HEADER_BYTES, make_secret, seal
-from spark_dl.spark.driver.plan import plan_ranks
-from spark_dl.spark.driver.service import DriverService, Registration
-from spark_dl.spark.driver.slots import configured_slots
-from spark_dl.spark.launcher import GlooLauncher, select_launcher
-from spark_dl.spark.run_errors import MpiNotBuiltError, StartTimeoutError
-from spark_dl.spark.service import (ServiceClient, ServiceError, ServiceServer,
+from spark_dl.spark.launch.driver.plan import plan_ranks
+from spark_dl.spark.launch.driver.service import DriverService, Registration
+from spark_dl.spark.launch.driver.slots import configured_slots
+from spark_dl.spark.launch.launcher import GlooLauncher, select_launcher
+from spark_dl.spark.launch.errors import MpiNotBuiltError, StartTimeoutError
+from spark_dl.spark.launch.service import (ServiceClient, ServiceError, ServiceServer,
                                     request_context, response_context)
-from spark_dl.spark.task import get_available_devices
-from spark_dl.spark.task.environment import format_endpoints, parse_endpoints
-from spark_dl.spark.task.main import TaskMain, TaskSettings
-from spark_dl.spark.task.service import TaskService
+from spark_dl.spark.launch.task import get_available_devices
+from spark_dl.spark.launch.task.environment import format_endpoints, parse_endpoints
+from spark_dl.spark.launch.task.main import TaskMain, TaskSettings
+from spark_dl.spark.launch.task.service import TaskService
 from test_run_cases import processes_with
 
 pytestmark = pytest.mark.timeout(60)
@@ -237,7 +237,7 @@ def test_stale_clock_is_corrected_once():
 
 
 def test_handler_errors_reach_the_caller_and_service_goes_on():
-    from spark_dl.spark.service import RemoteCallError
+    from spark_dl.spark.launch.service import RemoteCallError
 
     def fail():
         raise KeyError("nope")
@@ -267,7 +267,7 @@ def test_ranks_are_grouped_by_host():
 
 
 def test_worker_environment_has_no_secret():
-    from spark_dl.spark.launcher import LaunchContext
+    from spark_dl.spark.launch.launcher import LaunchContext
 
     plan = plan_ranks([_reg(0, "a"), _reg(1, "b")])
     ctx = LaunchContext("job", SECRET, plan, [("10.0.0.1", 5)], ("10.0.0.1", 6), 30.0,
@@ -369,7 +369,7 @@ def test_configured_slots():
 
 
 def test_addresses_services_bind():
-    from spark_dl.spark.network import (driver_addresses, host_hash, interface_addresses,
+    from spark_dl.spark.launch.network import (driver_addresses, host_hash, interface_addresses,
                                         task_bind_addresses)
 
     assert interface_addresses(["lo"]) == ["127.0.0.1"]
@@ -412,8 +412,8 @@ class _FakeContext:
 
 
 def test_slot_check_fails_fast_or_waits_for_promised_executors():
-    from spark_dl.spark.driver.slots import check_slots
-    from spark_dl.spark.run_errors import NotEnoughSlotsError
+    from spark_dl.spark.launch.driver.slots import check_slots
+    from spark_dl.spark.launch.errors import NotEnoughSlotsError
 
     cluster = {"spark.executor.instances": "2", "spark.executor.cores": "2"}
     start = time.monotonic()
@@ -535,8 +535,8 @@ def test_task_stops_its_worker_when_the_driver_disappears(driver_and_task):
 
 _HOST = textwrap.dedent("""
     import sys, time
-    from spark_dl.spark.service import ServiceClient
-    from spark_dl.spark.task.service import TaskService
+    from spark_dl.spark.launch.service import ServiceClient
+    from spark_dl.spark.launch.task.service import TaskService
     secret = bytes.fromhex(sys.argv[1])
     driver = ServiceClient("driver", secret, [("127.0.0.1", 9)], timeout=1)
     task = TaskService(secret, "job", 0, [], driver, hosts=["127.0.0.1"])

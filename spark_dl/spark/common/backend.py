@@ -70,7 +70,7 @@ class SparkBackend(Backend):
         return state
 
     def run(self, fn, args=(), kwargs=None, env=None, stdout=None, stderr=None):
-        from spark_dl.spark.runner import run
+        from spark_dl.spark.launch.spark_run import run
 
         merged = dict(self._env)
         merged.update(env or {})
@@ -84,8 +84,8 @@ class SparkBackend(Backend):
         it waits up to the start timeout for executors that are still registering)."""
         from pyspark import SparkContext
 
-        from spark_dl.spark.driver.slots import check_slots
-        from spark_dl.spark.runner import _start_timeout
+        from spark_dl.spark.launch.driver.slots import check_slots
+        from spark_dl.spark.launch.spark_run import _start_timeout
 
         sc = SparkContext._active_spark_context
         if sc is not None:

@@ -75,7 +75,7 @@ class ParamsWriter(MLWriter):
         self.instance = instance
 
     def saveImpl(self, path: str) -> None:
-        from spark_dl.spark.pickling import pickler
+        from spark_dl.spark.launch.pickling import pickler
 
         plain, pickled = _split(self.instance)
         try:
@@ -98,7 +98,7 @@ class ParamsReader(MLReader):
         self.cls = cls
 
     def load(self, path: str):
-        from spark_dl.spark.pickling import pickler
+        from spark_dl.spark.launch.pickling import pickler
 
         expected = f"{self.cls.__module__}.{self.cls.__name__}"
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession, expected)

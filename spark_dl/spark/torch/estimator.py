@@ -42,7 +42,7 @@ TORCH_PARAMS = (
 
 def _pickle_or_explain(spec: remote.TrainSpec) -> bytes:
     """cloudpickle of ``spec``; on failure, an error naming the param that cannot travel."""
-    from spark_dl.spark.pickling import pickler
+    from spark_dl.spark.launch.pickling import pickler
 
     cp = pickler()
     try:
@@ -312,7 +312,7 @@ class TorchEstimator(EstimatorBase):
         return model
 
     def _trained_model(self, result: dict, run_id: str, dataset: Dataset, input_shapes):
-        from spark_dl.spark.pickling import pickler
+        from spark_dl.spark.launch.pickling import pickler
 
         # A copy of the user's objects (optimizer still bound to the model's parameters),
         # then rank 0's trained state.

@@ -96,7 +96,7 @@ class TorchModel(ModelBase):
     def _transform(self, df):
         from pyspark.sql import functions as F
         from spark_dl.spark.common.schema import _col
-        from spark_dl.spark.pickling import pickler
+        from spark_dl.spark.launch.pickling import pickler
 
         model = self.getModel()
         if not isinstance(model, torch.nn.Module):
@@ -198,7 +198,7 @@ _MAX_MODELS = 2
 
 def _executor_model(key: str, bc) -> torch.nn.Module:
     """The model of transform ``key``, unpickled once per Python worker."""
-    from spark_dl.spark.pickling import pickler
+    from spark_dl.spark.launch.pickling import pickler
 
     with _models_lock:
         model = _models.get(key)

@@ -89,7 +89,7 @@ def _device(use_gpu: bool, local_rank: int):
     import torch
 
     if use_gpu and torch.cuda.is_available():
-        from spark_dl.spark.task.devices import get_available_devices
+        from spark_dl.spark.launch.task.devices import get_available_devices
 
         # With Spark GPU scheduling CUDA_VISIBLE_DEVICES holds only this task's GPU.
         index = 0 if get_available_devices() else local_rank % torch.cuda.device_count()

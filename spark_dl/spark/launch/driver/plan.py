@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Sequence
 
 from spark_dl.runner.hosts import HostSlots, SlotInfo, assign_ranks
-from spark_dl.spark.driver.service import Registration
+from spark_dl.spark.launch.driver.service import Registration
 
 __all__ = ["Placement", "plan_ranks"]
 

@@ -1,6 +1,6 @@
 """The task service: one per barrier task, it starts and supervises that task's worker.
 
-Methods (authenticated, see :mod:`spark_dl.spark.service`). The driver calls:
+Methods (authenticated, see :mod:`spark_dl.spark.launch.service`). The driver calls:
 
 =================  ====================================================================
 ``launch``         start a process: the worker bootstrap for ``rank`` (Gloo), or a given
@@ -12,7 +12,7 @@ Methods (authenticated, see :mod:`spark_dl.spark.service`). The driver calls:
 ``status``         ``{"launched": bool, "exit_code": int or None}``
 =================  ====================================================================
 
-and the rsh agent (:mod:`spark_dl.spark.rsh_agent`), which ``mpirun`` runs on the driver
+and the rsh agent (:mod:`spark_dl.spark.launch.rsh_agent`), which ``mpirun`` runs on the driver
 in place of ssh, calls:
 
 =================  ====================================================================
@@ -28,7 +28,7 @@ The secret reaches a launched child on its stdin (first line), never on its comm
 or in its environment; the pipe then stays open, and the child's bootstrap kills its
 process group when it reaches end of file, i.e. when this task's Python process is gone.
 The daemon's ranks are started by the daemon, not by us: they receive the secret from
-this task's :class:`~spark_dl.spark.handover.SecretHandover` (whose name is in the
+this task's :class:`~spark_dl.spark.launch.handover.SecretHandover` (whose name is in the
 daemon's environment), which answers only processes started under this task. The
 runner's :class:`~spark_dl.runner.workers.WorkerGroup` does the supervision (process
 group, SIGTERM/SIGKILL escalation, output forwarding, and a watchdog process that stops
@@ -46,10 +46,10 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from spark_dl.runner.secret import secret_to_hex
 from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
-from spark_dl.spark.handover import HANDOVER_VAR, SecretHandover
-from spark_dl.spark.service import Endpoint, ServiceClient, ServiceServer
-from spark_dl.spark.task.environment import PYTHON_VAR, child_environment
-from spark_dl.spark.task.output import DaemonOutput, DriverOutput, TaskOutputForwarder
+from spark_dl.spark.launch.handover import HANDOVER_VAR, SecretHandover
+from spark_dl.spark.launch.service import Endpoint, ServiceClient, ServiceServer
+from spark_dl.spark.launch.task.environment import PYTHON_VAR, child_environment
+from spark_dl.spark.launch.task.output import DaemonOutput, DriverOutput, TaskOutputForwarder
 
 __all__ = ["TaskService", "worker_command"]
 
@@ -63,7 +63,7 @@ AGENT_FETCH_S = 3.0
 
 def worker_command(job_id: str, rank: int) -> List[str]:
     """The bootstrap's argv: this interpreter; job id and rank, no secret."""
-    return [sys.executable, "-m", "spark_dl.spark.task.worker", "--job", job_id,
+    return [sys.executable, "-m", "spark_dl.spark.launch.task.worker", "--job", job_id,
             "--rank", str(rank)]
 
 

@@ -16,7 +16,7 @@ the launcher), and:
 
 ================================  ====================================================
 ``SDL_SPARK_HANDOVER``            where the daemon's ranks fetch the secret (see
-                                  :mod:`spark_dl.spark.handover`)
+                                  :mod:`spark_dl.spark.launch.handover`)
 ``SDL_SPARK_PYTHON``              this task's interpreter, which runs the ranks'
                                   bootstrap
 ================================  ====================================================

@@ -22,7 +22,7 @@ import re
 import time
 from typing import Mapping, Optional
 
-from spark_dl.spark.run_errors import NotEnoughSlotsError
+from spark_dl.spark.launch.errors import NotEnoughSlotsError
 
 __all__ = ["check_slots", "available_slots", "configured_slots"]
 

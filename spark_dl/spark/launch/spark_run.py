@@ -27,15 +27,15 @@ from spark_dl.common import knobs
 from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.runner.secret import make_secret
 from spark_dl.spark import pickling
-from spark_dl.spark.driver.job import SparkJob
-from spark_dl.spark.driver.plan import plan_ranks
-from spark_dl.spark.driver.service import DriverService, Failure
-from spark_dl.spark.driver.slots import check_slots
-from spark_dl.spark.launcher import Launcher, LaunchContext, select_launcher
-from spark_dl.spark.network import driver_addresses
-from spark_dl.spark.run_errors import RunError, WorkerFailedError
-from spark_dl.spark.service import ServiceClient, log_to_stderr
-from spark_dl.spark.task.main import TaskMain, TaskSettings
+from spark_dl.spark.launch.driver.job import SparkJob
+from spark_dl.spark.launch.driver.plan import plan_ranks
+from spark_dl.spark.launch.driver.service import DriverService, Failure
+from spark_dl.spark.launch.driver.slots import check_slots
+from spark_dl.spark.launch.launcher import Launcher, LaunchContext, select_launcher
+from spark_dl.spark.launch.network import driver_addresses
+from spark_dl.spark.launch.errors import RunError, WorkerFailedError
+from spark_dl.spark.launch.service import ServiceClient, log_to_stderr
+from spark_dl.spark.launch.task.main import TaskMain, TaskSettings
 
 __all__ = ["run"]
 
@@ -117,7 +117,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
             address on the route to it.
         use_mpi, use_gloo: the controller: Gloo by default; ``use_mpi=True`` (or
             ``use_gloo=False``) launches through Open MPI's ``mpirun`` on the driver
-            (:mod:`spark_dl.spark.mpi_launcher`).
+            (:mod:`spark_dl.spark.launch.mpi_launcher`).
         extra_mpi_args: extra ``mpirun`` arguments (MPI only; ignored with a warning).
         prefix_output_with_timestamp: put a timestamp before every forwarded line.
 

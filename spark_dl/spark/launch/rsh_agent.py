@@ -1,12 +1,12 @@
 """The rsh agent of the MPI path: ``mpirun`` runs it in place of ssh.
 
-``mpirun`` (started by :class:`~spark_dl.spark.mpi_launcher.MpiLauncher` on the Spark
-driver with ``--mca plm_rsh_agent "<python> -m spark_dl.spark.rsh_agent"``) starts its
+``mpirun`` (started by :class:`~spark_dl.spark.launch.mpi_launcher.MpiLauncher` on the Spark
+driver with ``--mca plm_rsh_agent "<python> -m spark_dl.spark.launch.rsh_agent"``) starts its
 daemons by running ``agent <host> orted ...`` once per host. The host names it is given
 are the per-host aliases the launcher made (``sdl-<host hash>``), so this agent:
 
 1. fetches the job secret and the alias -> task service table from the driver's
-   :class:`~spark_dl.spark.handover.SecretHandover` (its name is in ``mpirun``'s
+   :class:`~spark_dl.spark.launch.handover.SecretHandover` (its name is in ``mpirun``'s
    environment, ``SDL_SPARK_AGENT_HANDOVER``; it answers only processes started under
    the driver), never from its command line, environment or a file;
 2. asks the task service of that host (authenticated, as every call of the launch layer)
@@ -27,8 +27,8 @@ import sys
 import time
 from typing import List, Optional, Sequence, Tuple
 
-from spark_dl.spark.handover import fetch_handover
-from spark_dl.spark.service import ServiceClient, ServiceError
+from spark_dl.spark.launch.handover import fetch_handover
+from spark_dl.spark.launch.service import ServiceClient, ServiceError
 
 __all__ = ["main", "AGENT_HANDOVER_VAR", "split_argv"]
 
@@ -41,7 +41,7 @@ _SSH_FAILURE = 255
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(f"spark_dl.spark.rsh_agent: {text}\n")
+    sys.stderr.write(f"spark_dl.spark.launch.rsh_agent: {text}\n")
     sys.stderr.flush()
 
 
@@ -55,7 +55,7 @@ def split_argv(argv: Sequence[str]) -> Tuple[str, str]:
     while args and args[0].startswith("-"):
         args.pop(0)
     if len(args) < 2:
-        raise ValueError("usage: python -m spark_dl.spark.rsh_agent HOST COMMAND... "
+        raise ValueError("usage: python -m spark_dl.spark.launch.rsh_agent HOST COMMAND... "
                          "(run by mpirun under spark_dl.spark.run)")
     return args[0], " ".join(args[1:])
 

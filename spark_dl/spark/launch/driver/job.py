@@ -31,7 +31,7 @@ class SparkJob:
         sc: the active SparkContext.
         num_proc: number of tasks.
         task_fn: the ``mapPartitions`` function (picklable; see
-            :class:`spark_dl.spark.task.main.TaskMain`).
+            :class:`spark_dl.spark.launch.task.main.TaskMain`).
         group_id: the Spark job group, unique per run.
         description: shown in the Spark UI.
     """

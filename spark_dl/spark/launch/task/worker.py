@@ -1,6 +1,6 @@
-"""The worker bootstrap: ``python -m spark_dl.spark.task.worker --job ID --rank R``.
+"""The worker bootstrap: ``python -m spark_dl.spark.launch.task.worker --job ID --rank R``.
 
-Started by a task service (see :mod:`spark_dl.spark.task.service`) in a session of its
+Started by a task service (see :mod:`spark_dl.spark.launch.task.service`) in a session of its
 own, with the rank environment (``SDL_RANK`` ... without the secret) and
 ``SDL_SPARK_DRIVER`` (the driver service's endpoints). It
 
@@ -18,7 +18,7 @@ own, with the rank environment (``SDL_RANK`` ... without the secret) and
 
 On the MPI path (``--mpi``, no ``--rank``) it is started by ``orted`` instead, with
 ``SDL_CONTROLLER=mpi``: the rank is MPI's (``OMPI_COMM_WORLD_RANK``); the secret comes
-from the task's :class:`~spark_dl.spark.handover.SecretHandover` (its stdin is not a pipe
+from the task's :class:`~spark_dl.spark.launch.handover.SecretHandover` (its stdin is not a pipe
 from the task) and stays out of ``os.environ`` (MPI's ``init()`` needs none); the
 variables of its own task (its GPUs) come with the function and are set in-process
 before it is loaded; it kills its process group when its parent (``orted``) is gone;
@@ -38,8 +38,8 @@ import traceback
 from typing import List, Optional
 
 from spark_dl.spark import pickling
-from spark_dl.spark.service import ServiceClient
-from spark_dl.spark.task.environment import DRIVER_VAR, parse_endpoints
+from spark_dl.spark.launch.service import ServiceClient
+from spark_dl.spark.launch.task.environment import DRIVER_VAR, parse_endpoints
 
 __all__ = ["main"]
 
@@ -87,7 +87,7 @@ def _watch_parent() -> None:
 
 
 def _mpi_secret() -> str:
-    from spark_dl.spark.handover import HANDOVER_VAR, fetch_handover
+    from spark_dl.spark.launch.handover import HANDOVER_VAR, fetch_handover
 
     address = os.environ.get(HANDOVER_VAR)
     if not address:
@@ -127,7 +127,7 @@ def _report_error(client: ServiceClient, rank: int, exc: BaseException) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="spark_dl.spark.task.worker")
+    parser = argparse.ArgumentParser(prog="spark_dl.spark.launch.task.worker")
     parser.add_argument("--job", required=True)
     parser.add_argument("--rank", type=int)
     parser.add_argument("--mpi", action="store_true", help="started by orted")

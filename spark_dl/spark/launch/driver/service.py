@@ -1,7 +1,7 @@
 """The driver service: where tasks register and workers fetch code and report back.
 
 It runs in the Spark driver for the duration of one :func:`spark_dl.spark.run`. Methods
-(all authenticated, see :mod:`spark_dl.spark.service`):
+(all authenticated, see :mod:`spark_dl.spark.launch.service`):
 
 ================  =====================================================================
 ``register``      a task service announces itself: index, host hash, endpoints, GPUs
@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from spark_dl.spark.run_errors import StartTimeoutError
-from spark_dl.spark.service import Endpoint, ServiceServer
+from spark_dl.spark.launch.errors import StartTimeoutError
+from spark_dl.spark.launch.service import Endpoint, ServiceServer
 
 __all__ = ["DriverService", "Registration", "Failure"]
 

@@ -1,6 +1,6 @@
 """What each barrier task of :func:`spark_dl.spark.run` runs.
 
-1. Start a task service on this executor (see :mod:`spark_dl.spark.network` for the
+1. Start a task service on this executor (see :mod:`spark_dl.spark.launch.network` for the
    addresses) and register with the driver: partition index, host hash, endpoints, the
    GPUs Spark assigned.
 2. Wait while the driver launches the worker through the service and the worker runs,
@@ -26,9 +26,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, List, Optional, Sequence
 
-from spark_dl.spark.network import host_hash, task_bind_addresses
-from spark_dl.spark.service import Endpoint, ServiceClient, ServiceError, log_to_stderr
-from spark_dl.spark.task.service import TaskService
+from spark_dl.spark.launch.network import host_hash, task_bind_addresses
+from spark_dl.spark.launch.service import Endpoint, ServiceClient, ServiceError, log_to_stderr
+from spark_dl.spark.launch.task.service import TaskService
 
 __all__ = ["TaskSettings", "TaskMain"]
 

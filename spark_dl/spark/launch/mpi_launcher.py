@@ -1,7 +1,7 @@
 """The MPI launcher of :func:`spark_dl.spark.run`: ``mpirun`` on the driver, ``orted`` in
 the executors, started through the task services (no sshd anywhere).
 
-Once the ranks are assigned (grouped by host, see :mod:`spark_dl.spark.driver.plan`):
+Once the ranks are assigned (grouped by host, see :mod:`spark_dl.spark.launch.driver.plan`):
 
 1. **Hosts.** Each host (tasks with one host hash) gets an alias, ``sdl-<host hash>``,
    that ``mpirun`` takes as a remote host name (it resolves to nothing, so ``mpirun``
@@ -13,20 +13,20 @@ Once the ranks are assigned (grouped by host, see :mod:`spark_dl.spark.driver.pl
 3. **mpirun** runs on the driver, supervised like ``sdlrun --mpi``'s (reusing
    :mod:`spark_dl.runner.mpi_run`: the command line, ``--tag-output`` demultiplexing into
    ``[<rank>]<stdout>: `` lines, failure explanations), with
-   ``--mca plm_rsh_agent "<python> -m spark_dl.spark.rsh_agent"``; ``mpirun`` runs the
+   ``--mca plm_rsh_agent "<python> -m spark_dl.spark.launch.rsh_agent"``; ``mpirun`` runs the
    agent once per alias, and the agent asks that host's daemon task to start ``orted``
-   (see :mod:`spark_dl.spark.rsh_agent`). ``plm_rsh_no_tree_spawn`` keeps every daemon
+   (see :mod:`spark_dl.spark.launch.rsh_agent`). ``plm_rsh_no_tree_spawn`` keeps every daemon
    launch on the driver (only the driver holds the agent's credentials), and
    ``orte_leave_session_attached`` keeps ``orted`` a child of its task (not a daemonized
    orphan), so the task reaps it.
 4. **Workers.** ``orted`` starts each rank's bootstrap (``python -m
-   spark_dl.spark.task.worker --mpi``, the executor's interpreter) with
+   spark_dl.spark.launch.task.worker --mpi``, the executor's interpreter) with
    ``SDL_CONTROLLER=mpi`` and the user's ``env`` (``-x``: by name, values never on a
    command line). The bootstrap fetches the secret from its task, the function and its
    task's GPU variables from the driver, and posts its result or exception, as on Gloo.
 5. **End.** ``mpirun`` ends when every rank ended, or stops the job when one fails and
    names it; this launcher reports that to the driver service
-   (:meth:`~spark_dl.spark.driver.service.DriverService.job_ended`), which then fails
+   (:meth:`~spark_dl.spark.launch.driver.service.DriverService.job_ended`), which then fails
    the job (naming the rank, e.g. a SIGKILL) or lets the tasks end.
 """
 
@@ -49,15 +49,15 @@ from spark_dl.runner.options import LaunchError, LaunchOptions
 from spark_dl.runner.output import TagDemux
 from spark_dl.runner.secret import secret_to_hex
 from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
-from spark_dl.spark.driver.plan import Placement
-from spark_dl.spark.driver.service import Failure, describe_exit
-from spark_dl.spark.handover import SecretHandover
-from spark_dl.spark.launcher import Launcher, LaunchContext, call_tasks
-from spark_dl.spark.rsh_agent import AGENT_HANDOVER_VAR
-from spark_dl.spark.run_errors import MpiNotBuiltError
-from spark_dl.spark.task.environment import (DRIVER_VAR, PYTHON_VAR, device_environment,
+from spark_dl.spark.launch.driver.plan import Placement
+from spark_dl.spark.launch.driver.service import Failure, describe_exit
+from spark_dl.spark.launch.handover import SecretHandover
+from spark_dl.spark.launch.launcher import Launcher, LaunchContext, call_tasks
+from spark_dl.spark.launch.rsh_agent import AGENT_HANDOVER_VAR
+from spark_dl.spark.launch.errors import MpiNotBuiltError
+from spark_dl.spark.launch.task.environment import (DRIVER_VAR, PYTHON_VAR, device_environment,
                                              format_endpoints)
-from spark_dl.spark.task.output import StreamSink, TaskOutputForwarder
+from spark_dl.spark.launch.task.output import StreamSink, TaskOutputForwarder
 
 __all__ = ["MpiLauncher", "host_alias", "spark_mpi_args"]
 
@@ -70,7 +70,7 @@ _REFUSED_FLAGS = {"--map-by", "-map-by", "--rankfile", "-rankfile", "-rf", "--np
                   "-byslot", "--nolocal", "-nolocal", "--daemonize"}
 _REFUSED_PARAMS = {"plm_rsh_agent", "plm_rsh_args", "plm_rsh_no_tree_spawn",
                    "orte_leave_session_attached", "plm"}
-_AGENT_MARK = "spark_dl.spark.rsh_agent:"
+_AGENT_MARK = "spark_dl.spark.launch.rsh_agent:"
 # When a rank failed, mpirun stops the job by itself: give it this long before SIGTERM
 # (a SIGTERM in the middle of its own abort can crash Open MPI 4.1's mpirun).
 _SELF_STOP_S = 2.0
@@ -207,10 +207,10 @@ class MpiLauncher(Launcher):
         exported = {**ctx.user_env, "SDL_CONTROLLER": "mpi", "SDL_JOB_ID": ctx.job_id}
         options = LaunchOptions(controller="mpi", mpirun=self._mpirun,
                                 mpi_args=spark_mpi_args(self._extra, ctx.nics),
-                                ssh_command=(sys.executable, "-m", "spark_dl.spark.rsh_agent"))
+                                ssh_command=(sys.executable, "-m", "spark_dl.spark.launch.rsh_agent"))
         # The executor's interpreter (the task's, in the daemon's environment) runs the
         # bootstrap; the job id is hex, safe inside the shell line.
-        command = ["/bin/sh", "-c", f'exec "${PYTHON_VAR}" -m spark_dl.spark.task.worker '
+        command = ["/bin/sh", "-c", f'exec "${PYTHON_VAR}" -m spark_dl.spark.launch.task.worker '
                                     f"--job {ctx.job_id} --mpi"]
         return mpirun_command(self._mpirun, command, slots, exported, options), env
 

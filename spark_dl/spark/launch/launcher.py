@@ -3,7 +3,7 @@
 - :class:`GlooLauncher`: asks each task service to start the worker bootstrap for its
   rank, with the rank environment; workers meet through the authenticated rendezvous
   server on the driver.
-- :class:`~spark_dl.spark.mpi_launcher.MpiLauncher`: runs ``mpirun`` on the driver with
+- :class:`~spark_dl.spark.launch.mpi_launcher.MpiLauncher`: runs ``mpirun`` on the driver with
   an rsh agent that asks the task service of each host to start ``orted``, so MPI
   processes live inside the executors and no sshd is needed (see that module).
 """
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from spark_dl.runner.gloo_run import worker_environment
-from spark_dl.spark.driver.plan import Placement
-from spark_dl.spark.driver.service import DriverService
-from spark_dl.spark.run_errors import RunError
-from spark_dl.spark.service import Endpoint, ServiceClient
-from spark_dl.spark.task.environment import DRIVER_VAR, format_endpoints
+from spark_dl.spark.launch.driver.plan import Placement
+from spark_dl.spark.launch.driver.service import DriverService
+from spark_dl.spark.launch.errors import RunError
+from spark_dl.spark.launch.service import Endpoint, ServiceClient
+from spark_dl.spark.launch.task.environment import DRIVER_VAR, format_endpoints
 
 __all__ = ["Launcher", "GlooLauncher", "LaunchContext", "select_launcher", "call_tasks"]
 
@@ -135,7 +135,7 @@ def select_launcher(use_mpi: Optional[bool], use_gloo: Optional[bool],
     if use_mpi and use_gloo:
         raise ValueError("use_mpi and use_gloo are mutually exclusive")
     if use_mpi or (use_gloo is False and use_mpi is None):
-        from spark_dl.spark.mpi_launcher import MpiLauncher
+        from spark_dl.spark.launch.mpi_launcher import MpiLauncher
 
         return MpiLauncher(extra_mpi_args)
     if use_mpi is False and use_gloo is False:

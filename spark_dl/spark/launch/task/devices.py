@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import List, Mapping, Optional
 
-from spark_dl.spark.task.environment import AVAILABLE_DEVICES_VAR
+from spark_dl.spark.launch.task.environment import AVAILABLE_DEVICES_VAR
 
 __all__ = ["get_available_devices"]
 

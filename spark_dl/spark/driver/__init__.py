@@ -1,8 +1,0 @@
-"""The driver side of :func:`spark_dl.spark.run`.
-
-- :mod:`~spark_dl.spark.driver.service`: the driver service (registrations, code,
-  results, errors, output, exit reports);
-- :mod:`~spark_dl.spark.driver.plan`: rank assignment grouped by host;
-- :mod:`~spark_dl.spark.driver.job`: the barrier-mode Spark job hosting the tasks;
-- :mod:`~spark_dl.spark.driver.slots`: the fail-fast check of the cluster's task slots.
-"""
