@@ -143,7 +143,7 @@ def init(comm=None, process_sets=None, **knobs):
     else:
         topo = _topology_from_env(environ)
         if topo["size"] > 1:
-            from spark_dl.runner.kvstore import client_from_env
+            from spark_dl.rendezvous.client import client_from_env
 
             client = client_from_env(_rendezvous_environ(environ))
             if client is None:

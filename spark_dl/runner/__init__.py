@@ -12,14 +12,15 @@ Modules, each named after what it holds:
 - :mod:`~spark_dl.runner.output`: rank-prefixed output forwarding (and demultiplexing of
   output that ``mpirun`` tagged);
 - :mod:`~spark_dl.runner.remote`: ssh launch and the remote-side bootstrap;
-- :mod:`~spark_dl.runner.kvstore`: the authenticated rendezvous server and client;
-- :mod:`~spark_dl.runner.secret`: the per-job secret and message authentication.
+- :mod:`~spark_dl.runner.kvstore`: the authenticated rendezvous server (its client and
+  the message authentication live below, in :mod:`spark_dl.rendezvous`).
 
 Only the standard library is used, so that this package works before the native core is
 built and on hosts that only launch (the MPI launcher needs Open MPI's ``mpirun``).
 """
 
-from spark_dl.runner.kvstore import KVStoreClient, KVStoreServer, client_from_env
+from spark_dl.rendezvous.client import KVStoreClient, client_from_env
+from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.runner.launch import main, run_command
 from spark_dl.runner.options import LaunchOptions
 

@@ -30,7 +30,7 @@ from spark_dl.runner.hosts import LOCALHOST, SlotInfo
 from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.runner.options import LaunchOptions
 from spark_dl.runner.output import forwarder_for
-from spark_dl.runner.secret import make_secret, secret_to_hex
+from spark_dl.rendezvous.secret import make_secret, secret_to_hex
 from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
 
 

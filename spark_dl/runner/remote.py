@@ -93,7 +93,7 @@ def _fail(message: str, code: int) -> int:
 
 def _register(env: Mapping[str, str]) -> Optional[str]:
     """Sets the start key; returns an error message or None."""
-    from spark_dl.runner.kvstore import client_from_env  # not needed before the payload
+    from spark_dl.rendezvous.client import client_from_env  # not needed before the payload
 
     try:
         client = client_from_env(env)

@@ -9,8 +9,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from spark_dl.spark import run  # noqa: E402
-from spark_dl.spark.launch.errors import (NotEnoughSlotsError,  # noqa: E402
-                                       WorkerFailedError)
+from spark_dl.spark.launch.errors import NotEnoughSlotsError, WorkerFailedError  # noqa: E402
 from test_run_cases import (raise_on_rank_1, sigkill_rank_1, spark_session,  # noqa: E402
                             topology, worker_processes)
 

@@ -22,7 +22,7 @@ from spark_dl.spark.launch.handover import SecretHandover, fetch_handover, is_de
 from spark_dl.spark.launch.launcher import select_launcher  # noqa: E402
 from spark_dl.spark.launch.rsh_agent import split_argv  # noqa: E402
 from spark_dl.spark.launch.errors import (MpiNotBuiltError, NotEnoughSlotsError,  # noqa: E402
-                                       RunError)
+                                          RunError)
 from test_run_cases import (ROOT, check_two_ranks_one_host,  # noqa: E402
                             expect_worker_failure, processes_with, raise_on_rank_1,
                             sigkill_rank_1, spark_session, topology, worker_processes)
@@ -278,7 +278,7 @@ def _daemon_run(client, command, timeout=20.0):
 
 
 def test_task_service_hosts_reaps_and_serves_the_mpi_daemon():
-    from spark_dl.runner.secret import make_secret
+    from spark_dl.rendezvous.secret import make_secret
     from spark_dl.spark.launch.service import ServiceClient
     from spark_dl.spark.launch.task.service import TaskService
 

@@ -20,14 +20,14 @@ import time
 
 import pytest
 
-from spark_dl.runner.secret import SEAL_HEADER_BYTES, make_secret, seal
+from spark_dl.rendezvous.secret import SEAL_HEADER_BYTES, make_secret, seal
 from spark_dl.spark.launch.driver.plan import plan_ranks
 from spark_dl.spark.launch.driver.service import DriverService, Registration
 from spark_dl.spark.launch.driver.slots import configured_slots
 from spark_dl.spark.launch.launcher import GlooLauncher, select_launcher
 from spark_dl.spark.launch.errors import MpiNotBuiltError, StartTimeoutError
 from spark_dl.spark.launch.service import (ServiceClient, ServiceError, ServiceServer,
-                                    request_context, response_context)
+                                           request_context, response_context)
 from spark_dl.spark.launch.task import get_available_devices
 from spark_dl.spark.launch.task.environment import format_endpoints, parse_endpoints
 from spark_dl.spark.launch.task.main import TaskMain, TaskSettings
@@ -370,7 +370,7 @@ def test_configured_slots():
 
 def test_addresses_services_bind():
     from spark_dl.spark.launch.network import (driver_addresses, host_hash, interface_addresses,
-                                        task_bind_addresses)
+                                               task_bind_addresses)
 
     assert interface_addresses(["lo"]) == ["127.0.0.1"]
     with pytest.raises(ValueError, match="no-such-nic0"):

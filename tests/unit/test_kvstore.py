@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from spark_dl.runner import kvstore
-from spark_dl.runner.kvstore import (KVStoreClient, KVStoreError, KVStoreServer,
-                                     client_from_env, sign_request)
-from spark_dl.runner.secret import AuthenticationError, make_secret, now_ms
+from spark_dl.rendezvous import client as kv_client
+from spark_dl.rendezvous.client import KVStoreClient, KVStoreError, client_from_env
+from spark_dl.rendezvous.protocol import sign_request
+from spark_dl.runner.kvstore import KVStoreServer
+from spark_dl.rendezvous.secret import AuthenticationError, make_secret, now_ms
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -111,7 +112,7 @@ def test_get_blocks_until_set(client, server):
 
 
 def test_get_waits_across_long_polls(client, server, monkeypatch):
-    monkeypatch.setattr(kvstore, "MAX_WAIT_S", 0.1)  # client-side poll length
+    monkeypatch.setattr(kv_client, "MAX_WAIT_S", 0.1)  # client-side poll length
     threading.Timer(0.5, server.put, args=("get_waits_across_long_polls", "later", b"v")).start()
     assert client.get("get_waits_across_long_polls", "later", timeout=10) == b"v"
 

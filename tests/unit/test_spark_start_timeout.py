@@ -2,7 +2,7 @@
 
 import pytest
 
-from spark_dl.spark import runner
+from spark_dl.spark.launch import spark_run
 
 
 @pytest.mark.parametrize("env,arg,want", [
@@ -17,12 +17,12 @@ def test_start_timeout_precedence(monkeypatch, env, arg, want):
         monkeypatch.delenv(name, raising=False)
     for name, text in env.items():
         monkeypatch.setenv(name, text)
-    assert runner._start_timeout(arg) == want
+    assert spark_run._start_timeout(arg) == want
 
 
 def test_start_timeout_rejects_bad_values(monkeypatch):
     with pytest.raises(ValueError, match="positive"):
-        runner._start_timeout(0)
+        spark_run._start_timeout(0)
     monkeypatch.setenv("SDL_SPARK_START_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="SDL_SPARK_START_TIMEOUT"):
-        runner._start_timeout(None)
+        spark_run._start_timeout(None)

@@ -4,7 +4,7 @@ The driver service (in the Spark driver) and the task services (one per barrier 
 are instances of :class:`ServiceServer`; workers, task services and the driver talk to
 them through :class:`ServiceClient`. A connection carries requests one after the other.
 
-Wire format. A request is one frame made by :func:`spark_dl.runner.secret.seal`: magic,
+Wire format. A request is one frame made by :func:`spark_dl.rendezvous.secret.seal`: magic,
 nonce, timestamp, payload length, HMAC-SHA256 tag, payload. The tag covers a context
 naming the service and the direction (``sdl-spark/<service>/request``), so a frame made
 for one service or direction never passes as another. The payload is the pickled pair
@@ -40,8 +40,8 @@ import threading
 import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
-from spark_dl.runner.secret import (NONCE_BYTES, SEAL_HEADER_BYTES, AuthenticationError,
-                                    ReplayError, ReplayGuard, now_ms, seal, unseal_from)
+from spark_dl.rendezvous.secret import (NONCE_BYTES, SEAL_HEADER_BYTES, AuthenticationError,
+                                        ReplayError, ReplayGuard, now_ms, seal, unseal_from)
 
 __all__ = ["ServiceServer", "ServiceClient", "ServiceError", "RemoteCallError",
            "Endpoint", "request_context", "response_context"]

@@ -25,8 +25,8 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
 from spark_dl.common import knobs
 from spark_dl.runner.kvstore import KVStoreServer
-from spark_dl.runner.secret import make_secret
-from spark_dl.spark import pickling
+from spark_dl.rendezvous.secret import make_secret
+from spark_dl.spark.launch import pickling
 from spark_dl.spark.launch.driver.job import SparkJob
 from spark_dl.spark.launch.driver.plan import plan_ranks
 from spark_dl.spark.launch.driver.service import DriverService, Failure

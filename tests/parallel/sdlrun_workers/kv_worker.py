@@ -2,7 +2,7 @@
 
 import os
 
-from spark_dl.runner.kvstore import client_from_env
+from spark_dl.rendezvous.client import client_from_env
 
 rank = int(os.environ["SDL_RANK"])
 peer = 1 - rank

@@ -44,7 +44,7 @@ import sys
 import threading
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from spark_dl.runner.secret import secret_to_hex
+from spark_dl.rendezvous.secret import secret_to_hex
 from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
 from spark_dl.spark.launch.handover import HANDOVER_VAR, SecretHandover
 from spark_dl.spark.launch.service import Endpoint, ServiceClient, ServiceServer

@@ -37,7 +37,7 @@ import time
 import traceback
 from typing import List, Optional
 
-from spark_dl.spark import pickling
+from spark_dl.spark.launch import pickling
 from spark_dl.spark.launch.service import ServiceClient
 from spark_dl.spark.launch.task.environment import DRIVER_VAR, parse_endpoints
 

@@ -1,13 +1,13 @@
-"""Per-job secret, MACs, replay protection and sealed messages (spark_dl.runner.secret)."""
+"""Per-job secret, MACs, replay protection and sealed messages (spark_dl.rendezvous.secret)."""
 
 import io
 
 import pytest
 
-from spark_dl.runner.secret import (SEAL_HEADER_BYTES, AuthenticationError, ReplayError,
-                                    ReplayGuard, compute_mac, make_secret, new_nonce, seal,
-                                    secret_from_hex, secret_to_hex, unseal, unseal_from,
-                                    verify_mac)
+from spark_dl.rendezvous.secret import (SEAL_HEADER_BYTES, AuthenticationError, ReplayError,
+                                        ReplayGuard, compute_mac, make_secret, new_nonce, seal,
+                                        secret_from_hex, secret_to_hex, unseal, unseal_from,
+                                        verify_mac)
 
 pytestmark = pytest.mark.timeout(30)
 
