@@ -12,6 +12,15 @@ from spark_dl.common.exceptions import InvalidArgumentError, raise_from_core
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]
 
 
+def _topology(field):
+    # The core's topology, read here rather than through basics.rank()/size(): basics
+    # imports this module (init registers process sets), so this one does not import it.
+    try:
+        return _core.topology()[field]
+    except _core.CoreError as e:
+        raise_from_core(e)
+
+
 class ProcessSet:
     """A set of ranks; ``process_set_id`` is assigned when it is registered.
 
@@ -36,9 +45,7 @@ class ProcessSet:
     def rank(self):
         """This process's index in the set, or -1 when it is not a member."""
         self._require_registered()
-        from spark_dl.common.basics import rank
-
-        r = rank()
+        r = _topology("rank")
         return self.ranks.index(r) if r in self.ranks else -1
 
     def included(self):
@@ -63,9 +70,7 @@ class _GlobalProcessSet(ProcessSet):
 
     @property
     def ranks(self):
-        from spark_dl.common.basics import size
-
-        return list(range(size())) if _core.is_initialized() else []
+        return list(range(_topology("size"))) if _core.is_initialized() else []
 
     @ranks.setter
     def ranks(self, value):

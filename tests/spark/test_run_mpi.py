@@ -19,7 +19,7 @@ pytest.importorskip("pyspark")
 from spark_dl.spark import run  # noqa: E402
 from spark_dl.spark.launch.driver.service import DriverService, Failure  # noqa: E402
 from spark_dl.spark.launch.handover import SecretHandover, fetch_handover, is_descendant  # noqa: E402
-from spark_dl.spark.launch.launcher import select_launcher  # noqa: E402
+from spark_dl.spark.launch.spark_run import select_launcher  # noqa: E402
 from spark_dl.spark.launch.rsh_agent import split_argv  # noqa: E402
 from spark_dl.spark.launch.errors import (MpiNotBuiltError, NotEnoughSlotsError,  # noqa: E402
                                           RunError)

@@ -6,11 +6,13 @@
 - :class:`~spark_dl.spark.launch.mpi_launcher.MpiLauncher`: runs ``mpirun`` on the driver with
   an rsh agent that asks the task service of each host to start ``orted``, so MPI
   processes live inside the executors and no sshd is needed (see that module).
+
+The MPI launcher builds on this module, so this module never imports it: the choice
+between the two is :func:`spark_dl.spark.launch.spark_run.select_launcher`.
 """
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +25,7 @@ from spark_dl.spark.launch.errors import RunError
 from spark_dl.spark.launch.service import Endpoint, ServiceClient
 from spark_dl.spark.launch.task.environment import DRIVER_VAR, format_endpoints
 
-__all__ = ["Launcher", "GlooLauncher", "LaunchContext", "select_launcher", "call_tasks"]
+__all__ = ["Launcher", "GlooLauncher", "LaunchContext", "call_tasks"]
 
 _PARALLEL_CALLS = 32
 
@@ -120,26 +122,3 @@ class GlooLauncher(Launcher):
                 "launch", rank=placement.rank, env=self.worker_env(ctx, placement))
 
         call_tasks(ctx, ctx.placements, launch)
-
-
-def select_launcher(use_mpi: Optional[bool], use_gloo: Optional[bool],
-                    extra_mpi_args: Optional[str] = None) -> Launcher:
-    """Picks the launcher: an explicit choice, else Gloo (Horovod prefers MPI when it is
-    built; here Gloo, which needs nothing outside spark_dl, is the default).
-
-    Raises:
-        ValueError: both or neither explicitly chosen; bad ``extra_mpi_args``.
-        MpiNotBuiltError: MPI asked for, but there is no Open MPI ``mpirun`` on the
-            driver, or spark_dl was built without MPI.
-    """
-    if use_mpi and use_gloo:
-        raise ValueError("use_mpi and use_gloo are mutually exclusive")
-    if use_mpi or (use_gloo is False and use_mpi is None):
-        from spark_dl.spark.launch.mpi_launcher import MpiLauncher
-
-        return MpiLauncher(extra_mpi_args)
-    if use_mpi is False and use_gloo is False:
-        raise ValueError("use_mpi=False and use_gloo=False leave no way to start the workers")
-    if extra_mpi_args:
-        warnings.warn("extra_mpi_args is ignored: the workers run with Gloo", stacklevel=3)
-    return GlooLauncher()

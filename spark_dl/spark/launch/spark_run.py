@@ -21,6 +21,7 @@ import secrets
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
 from spark_dl.common import knobs
@@ -31,13 +32,13 @@ from spark_dl.spark.launch.driver.job import SparkJob
 from spark_dl.spark.launch.driver.plan import plan_ranks
 from spark_dl.spark.launch.driver.service import DriverService, Failure
 from spark_dl.spark.launch.driver.slots import check_slots
-from spark_dl.spark.launch.launcher import Launcher, LaunchContext, select_launcher
+from spark_dl.spark.launch.launcher import GlooLauncher, Launcher, LaunchContext
 from spark_dl.spark.launch.network import driver_addresses
 from spark_dl.spark.launch.errors import RunError, WorkerFailedError
 from spark_dl.spark.launch.service import ServiceClient, log_to_stderr
 from spark_dl.spark.launch.task.main import TaskMain, TaskSettings
 
-__all__ = ["run"]
+__all__ = ["run", "select_launcher"]
 
 HOROVOD_START_TIMEOUT_VAR = "HOROVOD_SPARK_START_TIMEOUT"  # read when the knob is unset
 KILL_GRACE_S = 3.0
@@ -46,6 +47,30 @@ _STOP_WAIT_S = KILL_GRACE_S + 4.0
 _CANCEL_WAIT_S = 10.0
 # After success: workers exit right after posting their results.
 _FINISH_WAIT_S = 30.0
+
+
+def select_launcher(use_mpi: Optional[bool], use_gloo: Optional[bool],
+                    extra_mpi_args: Optional[str] = None) -> Launcher:
+    """Picks the launcher: an explicit choice, else Gloo (Horovod prefers MPI when it is
+    built; here Gloo, which needs nothing outside spark_dl, is the default).
+
+    Raises:
+        ValueError: both or neither explicitly chosen; bad ``extra_mpi_args``.
+        MpiNotBuiltError: MPI asked for, but there is no Open MPI ``mpirun`` on the
+            driver, or spark_dl was built without MPI.
+    """
+    if use_mpi and use_gloo:
+        raise ValueError("use_mpi and use_gloo are mutually exclusive")
+    if use_mpi or (use_gloo is False and use_mpi is None):
+        # Imported here: the Gloo path never loads the MPI launcher.
+        from spark_dl.spark.launch.mpi_launcher import MpiLauncher
+
+        return MpiLauncher(extra_mpi_args)
+    if use_mpi is False and use_gloo is False:
+        raise ValueError("use_mpi=False and use_gloo=False leave no way to start the workers")
+    if extra_mpi_args:
+        warnings.warn("extra_mpi_args is ignored: the workers run with Gloo", stacklevel=3)
+    return GlooLauncher()
 
 
 def _start_timeout(value: Optional[float]) -> float:
