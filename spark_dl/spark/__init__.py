@@ -1,9 +1,19 @@
-"""Apache Spark integration: estimators, the Store, ``prepare_data`` and the data loaders.
+"""Apache Spark integration, in two layers.
 
-The Spark-independent data pieces live in :mod:`spark_dl.spark.common`:
-:mod:`~spark_dl.spark.common.store` (where data, checkpoints and logs live),
-:mod:`~spark_dl.spark.common.util` (``prepare_data``: DataFrame -> Parquet + metadata) and
-:mod:`~spark_dl.spark.common.data_loader` (the Arrow-native loader used on workers).
+Estimators (above):
+
+- :mod:`spark_dl.spark.common`: the framework-neutral estimator layer: the Store (where
+  data, checkpoints and logs live), ``prepare_data`` (DataFrame -> Parquet + metadata),
+  the Arrow-native data loaders used on workers, params, and the fit/transform
+  machinery a framework plugs into;
+- :mod:`spark_dl.spark.torch`: the PyTorch estimator (later ``keras/``, ``lightning/``).
+
+Launch (below): :mod:`spark_dl.spark.launch` runs a function on workers hosted by Spark
+executors (:func:`run`): the driver side, the task side, the authenticated services and
+the MPI path. It never imports the estimators.
+
+``spark_dl.spark.run`` is that function, and :mod:`spark_dl.spark.task` keeps Horovod's
+name for ``get_available_devices``.
 """
 
 
