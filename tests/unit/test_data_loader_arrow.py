@@ -124,10 +124,15 @@ def test_unequal_steps_mode(uneven):
         ArrowDataLoader(source, batch_size=1, rank=0, size=4)
 
 
-def test_torch_output(uneven):
+def test_numpy_batches_convert_to_torch_without_copy(uneven):
     torch = pytest.importorskip("torch")
+    from spark_dl.spark.torch.util import torch_batch
+
     source, _ = uneven
-    batch = next(iter(ArrowDataLoader(source, batch_size=8, shuffle=False, to_torch=True)))
+    arrays = next(iter(ArrowDataLoader(source, batch_size=8, shuffle=False)))
+    assert all(isinstance(v, np.ndarray) for v in arrays.values())
+    batch = torch_batch(arrays)
+    assert batch["x"].data_ptr() == arrays["x"].ctypes.data  # shares the loader's memory
     assert isinstance(batch["x"], torch.Tensor) and batch["x"].dtype == torch.float32
     assert tuple(batch["x"].shape) == (8, 3) and batch["id"].dtype == torch.int64
     assert batch["id"].tolist() == list(range(8))

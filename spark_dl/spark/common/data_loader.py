@@ -1,4 +1,4 @@
-"""The Arrow-native data loader: Parquet row groups -> NumPy (or torch) batches on one rank.
+"""The Arrow-native data loader: Parquet row groups -> NumPy batches on one rank.
 
 Pipeline of one epoch (threads in brackets)::
 
@@ -147,7 +147,6 @@ class ArrowDataLoader(BaseDataLoader):
         columns: columns to yield; default all.
         shuffle: seeded shuffling of row-group order and rows (see module doc).
         seed: shuffle seed; must be the same on all ranks.
-        to_torch: yield ``torch.Tensor`` (CPU, zero-copy from the NumPy batch).
         shuffle_buffer_size: rows in the shuffle buffer (0: only row-group order is shuffled).
             Capped by what ``memory_limit_bytes`` allows.
         num_threads: background reader threads (Parquet decoding releases the GIL).
@@ -168,12 +167,12 @@ class ArrowDataLoader(BaseDataLoader):
 
     def __init__(self, source: DataSource, *, batch_size: int, rank: int = 0, size: int = 1,
                  columns: Optional[Sequence[str]] = None, shuffle: bool = True, seed: int = 0,
-                 to_torch: bool = False, shuffle_buffer_size: int = 65536, num_threads: int = 2,
+                 shuffle_buffer_size: int = 65536, num_threads: int = 2,
                  prefetch_batches: int = 2, memory_limit_bytes: int = 256 << 20,
                  cache_in_memory: bool = False, equal_steps: bool = True,
                  read_chunk_rows: Optional[int] = None):
         super().__init__(source, batch_size=batch_size, rank=rank, size=size, columns=columns,
-                         shuffle=shuffle, seed=seed, to_torch=to_torch)
+                         shuffle=shuffle, seed=seed)
         if num_threads < 1 or prefetch_batches < 1 or shuffle_buffer_size < 0:
             raise ValueError("need num_threads >= 1, prefetch_batches >= 1, "
                              "shuffle_buffer_size >= 0")
@@ -309,7 +308,7 @@ class ArrowDataLoader(BaseDataLoader):
         self._runs.add(run)
         try:
             for batch in run:
-                yield self._torch_batch(batch) if self.to_torch else batch
+                yield batch
         finally:
             run.close()
 

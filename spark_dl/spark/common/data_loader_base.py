@@ -5,18 +5,19 @@ A loader turns a set of Parquet files into batches for one rank. Estimators cons
 
     loader_cls = get_data_loader_class(name_or_class)       # "arrow", "petastorm" or a class
     loader = loader_cls(source, batch_size=..., rank=..., size=..., columns=...,
-                        shuffle=..., seed=..., to_torch=..., **loader_options)
+                        shuffle=..., seed=..., **loader_options)
     for epoch in range(epochs):
         loader.set_epoch(epoch)
-        for batch in loader:                                  # dict: column -> array/tensor
+        for batch in loader:                                  # dict: column -> NumPy array
             ...
     loader.close()
 
 **Custom loaders** subclass :class:`BaseDataLoader`, accept the keyword arguments above (and
 may take more through ``**options``), and keep its contract:
 
-- ``batch`` is a dict from column name to a NumPy array (or a torch tensor with
-  ``to_torch=True``) whose first dimension is the batch;
+- ``batch`` is a dict from column name to a NumPy array whose first dimension is the batch
+  (loaders know no framework: an estimator's adapter turns batches into its tensors, and
+  ``spark_dl.spark.torch.util.torch_batch`` does it for PyTorch code of your own);
 - ``len(loader)`` is the number of batches one epoch yields on this rank, or raises
   TypeError when the loader cannot know it;
 - iterating twice without ``set_epoch`` moves to the next epoch;
@@ -124,8 +125,7 @@ class BaseDataLoader(abc.ABC):
     """
 
     def __init__(self, source: DataSource, *, batch_size: int, rank: int = 0, size: int = 1,
-                 columns: Optional[Sequence[str]] = None, shuffle: bool = True, seed: int = 0,
-                 to_torch: bool = False):
+                 columns: Optional[Sequence[str]] = None, shuffle: bool = True, seed: int = 0):
         if not isinstance(source, DataSource):
             raise TypeError(f"source must be a DataSource, not {type(source).__name__}; build "
                             "one with DataSource.from_store(...) or DataSource.from_path(...)")
@@ -140,7 +140,6 @@ class BaseDataLoader(abc.ABC):
         self.columns = list(columns) if columns is not None else None
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
-        self.to_torch = bool(to_torch)
         self._next_epoch = 0
         self._closed = False
 
@@ -177,12 +176,6 @@ class BaseDataLoader(abc.ABC):
 
     def __exit__(self, *exc):
         self.close()
-
-    @staticmethod
-    def _torch_batch(batch: Dict[str, object]) -> Dict[str, object]:
-        import torch  # deferred: NumPy users never pay for it
-
-        return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
 _REGISTRY: Dict[str, str] = {

@@ -3,16 +3,22 @@
 ``fit(df)`` (pyspark's ``Estimator.fit`` calls :meth:`EstimatorBase._fit`):
 
 1. check the params (cheap, before any Spark job): required params, counts that must agree,
-   ``num_proc`` and ``backend`` not both;
+   ``num_proc`` and ``backend`` not both, then the framework's own checks;
 2. pick the backend (:class:`~spark_dl.spark.common.backend.SparkBackend` by default) and
    the store (a temporary local one when none is given and the master is local);
 3. ``prepare_data``: the DataFrame's feature, label and weight columns become Parquet in the
    store (checked, cached by plan, see docs/data.md);
-4. the framework's ``_train``: its own checks on the prepared data, then the training
-   function on the workers, then the model.
+4. :meth:`EstimatorBase._train`: the framework's spec for its workers (with a dry run on two
+   rows of the prepared data, so shape mistakes fail before any worker starts), the shared
+   training function (:mod:`~spark_dl.spark.common.worker`) on the workers through the
+   backend, progress and TensorBoard scalars on the driver as epochs end, then the Model
+   built from rank 0's result.
 
-``fit_on_parquet()`` starts at step 4 with data already in the store. The framework
-subclass supplies :meth:`_check_params_more`, :meth:`_vector_dtype` and :meth:`_train`.
+``fit_on_parquet()`` starts at step 4 with data already in the store. A framework subclass
+supplies :meth:`~EstimatorBase._check_params_more`, :meth:`~EstimatorBase._vector_dtype`,
+:meth:`~EstimatorBase._framework_spec` and :meth:`~EstimatorBase._trained_model`, and names
+its :class:`~spark_dl.spark.common.adapter.WorkerAdapter` in ``_worker_adapter`` (see
+:mod:`spark_dl.spark.common.adapter`).
 """
 
 import atexit
@@ -21,18 +27,17 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import List, Optional
+from typing import Any, List, Optional
 
-from pyspark.ml import Estimator, Model
+from pyspark.ml import Estimator
 
 from spark_dl.spark.common.backend import Backend, SparkBackend
 from spark_dl.spark.common.dataset import Dataset
-from spark_dl.spark.common.params import (ESTIMATOR_PARAMS, MODEL_PARAMS, TableParams,
-                                          define_params)
+from spark_dl.spark.common.params import ESTIMATOR_PARAMS, TableParams, define_params
 from spark_dl.spark.common.persistence import PersistableParams
 from spark_dl.spark.common.store import Store
 
-__all__ = ["EstimatorBase", "ModelBase", "make_run_id", "default_store"]
+__all__ = ["EstimatorBase", "make_run_id", "default_store"]
 
 
 def _check_capacity(backend) -> None:
@@ -154,6 +159,9 @@ class EstimatorBase(TableParams, Estimator, PersistableParams):
         ctx = {"fit_start": time.time(), "prepare_s": 0.0}
         ctx["run_id"] = self.getRunId() or make_run_id(self._run_prefix)
         store.get_run_path(ctx["run_id"])  # ValueError for a bad name
+        from spark_dl.spark.common.tensorboard import TensorBoardLogger
+
+        ctx["tensorboard"] = TensorBoardLogger(store, ctx["run_id"])
         self._on_begin(store, ctx)
         return ctx
 
@@ -215,19 +223,138 @@ class EstimatorBase(TableParams, Estimator, PersistableParams):
         """dtype ``prepare_data`` gives Spark ML vectors: "float32" or "float64"."""
         return "float64"
 
+    # ------------------------------------------------------------------ framework hooks
+
+    #: The framework's :class:`~spark_dl.spark.common.adapter.WorkerAdapter` subclass.
+    _worker_adapter: Any = None
+
+    def _framework_spec(self, store: Store, dataset: Dataset) -> Any:
+        """What the framework's workers need beyond the shared params (model, optimizer,
+        losses ...), as one picklable object: ``TrainSpec.framework``. Runs on the driver
+        with the data prepared; the place to try the model on a few rows
+        (:meth:`_sample_batch`) so mistakes fail before any worker starts."""
+        raise NotImplementedError
+
+    def _trained_model(self, result: dict, run_id: str, dataset: Dataset, framework: Any):
+        """The Model of a finished fit: ``result["state"]`` is what rank 0's
+        ``WorkerAdapter.result()`` returned, ``result["history"]`` the per-epoch metrics."""
+        raise NotImplementedError
+
+    def _sample_batch(self, store: Store, dataset: Dataset, rows: int = 2) -> dict:
+        """The first ``rows`` training rows (column -> NumPy array), as workers read them."""
+        from spark_dl.spark.common.data_loader import ArrowDataLoader
+
+        loader = ArrowDataLoader(dataset.source(store, "train"), batch_size=rows,
+                                 shuffle=False, num_threads=1, equal_steps=False,
+                                 columns=self._columns())
+        try:
+            return next(iter(loader))
+        finally:
+            loader.close()
+
+    def _columns(self) -> List[str]:
+        weight = self.getSampleWeightCol()
+        return self.getFeatureCols() + self.getLabelCols() + ([weight] if weight else [])
+
+    # ------------------------------------------------------------------ training
+
     def _train(self, backend: Backend, store: Store, dataset: Dataset, ctx: dict):
         """Runs training on the workers and returns the Model; ``ctx`` is the fit's context
         (see :meth:`_begin`; ``prepare_s`` is the time to prepared data)."""
-        raise NotImplementedError
+        from spark_dl.spark.common.backend import run_on_backend
+        from spark_dl.spark.common.progress import ProgressDisplay
+        from spark_dl.spark.common.worker import TrainSpec, train
+
+        run_id, board, verbose = ctx["run_id"], ctx["tensorboard"], self.getVerbose()
+        framework = self._framework_spec(store, dataset)
+        num_proc = backend.num_processes()
+        metrics = self.getMetrics()
+        metrics = [] if metrics is None else (metrics if isinstance(metrics, list) else [metrics])
+        spec = TrainSpec(
+            adapter=self._worker_adapter, framework=framework, metrics=metrics,
+            feature_cols=self.getFeatureCols(), label_cols=self.getLabelCols(),
+            sample_weight_col=self.getSampleWeightCol(), label_shapes=self.getLabelShapes(),
+            batch_size=self.getBatchSize(),
+            val_batch_size=self.getValBatchSize() or self.getBatchSize(),
+            epochs=self.getEpochs(), train_steps=self.getTrainStepsPerEpoch(),
+            val_steps=self.getValidationStepsPerEpoch(),
+            shuffle_buffer_size=self.getShuffleBufferSize(),
+            transformation_fn=self.getTransformationFn(),
+            callbacks=list(self.getCallbacks() or []),
+            remote_store=store.to_remote(run_id, dataset.idx), dataset=dataset,
+            seed=self.getRandomSeed() if self.getRandomSeed() is not None
+            else int(time.time() * 1000) % (2 ** 31),
+            random_seed=self.getRandomSeed(), terminate_on_nan=self.getTerminateOnNan(),
+            cache_all=self.getInMemoryCacheAll(),
+            train_threads=self.getTrainReaderNumWorkers(),
+            val_threads=self.getValReaderNumWorkers(), use_gpu=self.getUseGpu(),
+            verbose=verbose, run_id=run_id)
+        blob = _pickle_or_explain(spec)
+        display = ProgressDisplay(verbose, listeners=[board.on_event])
+        name = type(self).__name__
+        if verbose:
+            display.print(f"{name}: run {run_id}, {num_proc} processes, "
+                          f"{dataset.train_rows} training / {dataset.val_rows} validation rows "
+                          f"(data ready after {ctx['prepare_s']:.1f}s), store "
+                          f"{store.prefix_path}")
+        result = None
+        ctx["launch"] = time.time()
+        try:
+            # Unbuffered: the workers' own prints reach the driver as they happen.
+            results = run_on_backend(backend, train, (blob,), {"PYTHONUNBUFFERED": "1"},
+                                     display.stream("stdout"), display.stream("stderr"))
+            result = results[0]
+            ctx["returned"] = time.time()
+        finally:
+            display.close()
+            note = board.close(result["history"] if result else None)
+            if note and verbose:
+                display.print(note)
+        model = self._trained_model(result, run_id, dataset, framework)
+        model.timings = _timings(ctx, result["timings"])
+        if verbose:
+            first = model.timings["first_step_s"]
+            display.print(f"{name}: run {run_id} done in {model.timings['total_s']:.1f}s"
+                          + (f" (first training step after {first:.1f}s)" if first else ""))
+        return model
 
 
-@define_params(MODEL_PARAMS)
-class ModelBase(TableParams, Model, PersistableParams):
-    """Base of the framework models: params from :data:`MODEL_PARAMS`, persistence."""
+def _timings(ctx: dict, worker: dict) -> dict:
+    """The fit's durations from the driver's context and rank 0's timestamps."""
+    start = ctx["fit_start"]
+    first = worker.get("first_step")
+    return {
+        "total_s": time.time() - start, "prepare_s": ctx["prepare_s"],
+        "launch_s": ctx["launch"] - start, "returned_s": ctx["returned"] - start,
+        "first_step_s": (first - start) if first else None,
+        "epoch_s": worker.get("epoch_s", []),
+        # rank 0's phases, from fit():
+        "worker_phases_s": {k: worker[k] - start
+                            for k in ("start", "imported", "initialized", "ready", "end")
+                            if worker.get(k)},
+    }
 
-    def getOutputCols(self) -> List[str]:
-        """The columns transform() adds: ``output_cols``, else ``<label>__output`` each."""
-        cols = self.getOrDefault("output_cols")
-        if cols:
-            return list(cols)
-        return [f"{c}__output" for c in (self.getLabelColumns() or [])]
+
+def _pickle_or_explain(spec) -> bytes:
+    """cloudpickle of the TrainSpec; on failure, an error naming what cannot travel."""
+    from spark_dl.spark.launch.pickling import pickler
+
+    cp = pickler()
+    try:
+        return cp.dumps(spec)
+    except Exception as first:
+        fields = dict(vars(spec))
+        framework = fields.pop("framework")
+        fields.update(vars(framework) if hasattr(framework, "__dict__") else
+                      {"framework": framework})
+        for field, value in fields.items():
+            try:
+                cp.dumps(value)
+            except Exception as e:
+                raise TypeError(
+                    f"{field} cannot be sent to the workers: cloudpickle failed with "
+                    f"{type(e).__name__}: {e}. Define classes and functions at module level "
+                    "(in the main script or an importable module); objects holding locks, "
+                    "open files, sockets or a SparkContext cannot be shipped") from e
+        raise TypeError(f"the training function's arguments cannot be pickled: {first}") \
+            from first

@@ -299,6 +299,8 @@ MODEL_PARAMS: Tuple[ParamSpec, ...] = (
     ParamSpec("run_id", "the run that trained the model", None, _str("run_id")),
     ParamSpec("metadata", "what training saw of each feature and label column (kind, "
               "dtype, shape)", None, _dict("metadata")),
+    ParamSpec("batch_size", "rows per forward pass in transform()", 1024,
+              _int("batch_size", 1)),
 )
 
 

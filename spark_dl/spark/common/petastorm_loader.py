@@ -13,8 +13,9 @@ petastorm's own do:
   to exactly one rank, but ranks may get different row counts (and none at all when there are
   fewer row groups than ranks), so step counts may differ between ranks; ``len()`` raises
   TypeError because petastorm does not expose the count up front;
-- shuffling is petastorm's: row-group order (seeded with ``seed + epoch``) plus, with
-  ``to_torch``, its ``shuffling_queue_capacity`` row buffer;
+- shuffling is petastorm's row-group order (seeded with ``seed + epoch``); batches are NumPy
+  (as every loader's), so petastorm's torch-only ``BatchedDataLoader`` and its row buffer
+  are not used;
 - sparse (``compress_sparse``) columns are not decoded; scalar and fixed-length array columns
   are.
 """
@@ -31,24 +32,21 @@ def import_petastorm():
     try:
         import petastorm  # noqa: F401
         from petastorm import make_batch_reader
-        from petastorm.pytorch import BatchedDataLoader
     except Exception as e:  # ImportError, or AttributeError from an incompatible pyarrow
         raise ImportError(
             f"petastorm is not importable here ({type(e).__name__}: {e}). petastorm 0.13.1 "
             "needs pyarrow<15 and numpy<2 (and setuptools<70, which conflicts with torch "
             ">= 2.13); run it in an environment built for it, or use the default "
             "loader='arrow'") from e
-    return make_batch_reader, BatchedDataLoader
+    return make_batch_reader
 
 
 class PetastormDataLoader(BaseDataLoader):
-    """Reads with ``petastorm.make_batch_reader`` (+ ``petastorm.pytorch.BatchedDataLoader``
-    when ``to_torch``).
+    """Reads with ``petastorm.make_batch_reader`` and cuts its row groups into batches.
 
     Args:
-        source, batch_size, rank, size, columns, shuffle, seed, to_torch: see
+        source, batch_size, rank, size, columns, shuffle, seed: see
             :class:`BaseDataLoader`. ``source.dataset_url`` must be set.
-        shuffling_queue_capacity: rows in petastorm's torch shuffling buffer (0: none).
         reader_pool_type, workers_count: petastorm reader pool ("thread", "process",
             "dummy") and its size.
         **reader_kwargs: passed to ``make_batch_reader``.
@@ -56,11 +54,10 @@ class PetastormDataLoader(BaseDataLoader):
 
     def __init__(self, source: DataSource, *, batch_size: int, rank: int = 0, size: int = 1,
                  columns: Optional[Sequence[str]] = None, shuffle: bool = True, seed: int = 0,
-                 to_torch: bool = False, shuffling_queue_capacity: int = 0,
                  reader_pool_type: str = "thread", workers_count: int = 2, **reader_kwargs):
         super().__init__(source, batch_size=batch_size, rank=rank, size=size, columns=columns,
-                         shuffle=shuffle, seed=seed, to_torch=to_torch)
-        self._make_batch_reader, self._batched_loader = import_petastorm()
+                         shuffle=shuffle, seed=seed)
+        self._make_batch_reader = import_petastorm()
         if not source.dataset_url:
             raise ValueError("PetastormDataLoader needs source.dataset_url (a directory URL)")
         sparse = [n for n, s in (source.columns or {}).items() if s.sparse and
@@ -68,7 +65,6 @@ class PetastormDataLoader(BaseDataLoader):
         if sparse:
             raise TypeError(f"petastorm cannot decode the sparse columns {sparse}; prepare the "
                             "data with compress_sparse=False or use loader='arrow'")
-        self._shuffling_queue_capacity = int(shuffling_queue_capacity)
         self._reader_kwargs = dict(reader_pool_type=reader_pool_type,
                                    workers_count=workers_count, **reader_kwargs)
 
@@ -84,14 +80,6 @@ class PetastormDataLoader(BaseDataLoader):
 
     def _iterate(self, epoch: int) -> Iterator[Dict[str, object]]:
         with self._reader(epoch) as reader:
-            if self.to_torch:
-                loader = self._batched_loader(
-                    reader, batch_size=self.batch_size,
-                    shuffling_queue_capacity=self._shuffling_queue_capacity)
-                for batch in loader:
-                    yield batch if self.columns is None else \
-                        {k: v for k, v in batch.items() if k in self.columns}
-                return
             yield from self._rebatch(reader)
 
     def _rebatch(self, reader) -> Iterator[Dict[str, np.ndarray]]:

@@ -5,7 +5,7 @@ Switching from Horovod is a change of import::
     from spark_dl.spark.torch import TorchEstimator     # was horovod.spark.torch
 
 See docs/estimators.md. The classes are imported on first use, so that a worker that
-imports :mod:`spark_dl.spark.torch.remote` does not load pyspark.ml.
+imports :mod:`spark_dl.spark.torch.adapter` does not load pyspark.ml.
 """
 
 __all__ = ["TorchEstimator", "TorchModel", "Callback", "EarlyStopping"]
@@ -13,8 +13,8 @@ __all__ = ["TorchEstimator", "TorchModel", "Callback", "EarlyStopping"]
 _WHERE = {
     "TorchEstimator": "spark_dl.spark.torch.estimator",
     "TorchModel": "spark_dl.spark.torch.model",
-    "Callback": "spark_dl.spark.torch.callbacks",
-    "EarlyStopping": "spark_dl.spark.torch.callbacks",
+    "Callback": "spark_dl.spark.common.callbacks",
+    "EarlyStopping": "spark_dl.spark.common.callbacks",
 }
 
 

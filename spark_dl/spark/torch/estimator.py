@@ -3,25 +3,23 @@
 The flow is the shared one (:mod:`spark_dl.spark.common.estimator`); this module adds the
 PyTorch parts: the checks of model, optimizer and losses, a dry run of the model and loss on
 two rows of the prepared data on the driver (so shape and dtype mistakes fail before any
-worker starts, naming the shapes), the :class:`~spark_dl.spark.torch.remote.TrainSpec` the
-workers receive, and the :class:`~spark_dl.spark.torch.model.TorchModel` built from rank 0's
-result.
+worker starts, naming the shapes), the :class:`~spark_dl.spark.torch.adapter.TorchSpec` the
+workers' :class:`~spark_dl.spark.torch.adapter.TorchWorker` receives, and the
+:class:`~spark_dl.spark.torch.model.TorchModel` built from rank 0's result.
 """
 
-import time
 from typing import List
 
 import torch
 from pyspark import keyword_only
 
-from spark_dl.spark.common.backend import run_on_backend
 from spark_dl.spark.common.dataset import Dataset
 from spark_dl.spark.common.estimator import EstimatorBase
 from spark_dl.spark.common.params import (ESTIMATOR_PARAMS, ParamSpec, _callable, _callables,
                                           _shapes, define_params, params_doc,
                                           params_signature)
-from spark_dl.spark.common.progress import ProgressDisplay
-from spark_dl.spark.torch import remote, util
+from spark_dl.spark.torch import util
+from spark_dl.spark.torch.adapter import TorchSpec, TorchWorker, preload_torch_dynamo
 from spark_dl.spark.torch.model import TorchModel
 
 __all__ = ["TorchEstimator", "TORCH_PARAMS"]
@@ -38,27 +36,6 @@ TORCH_PARAMS = (
               "[[-1, 1, 28, 28]] (default: [-1, n] for n values per row, [-1, 1] for "
               "scalars)", None, _shapes("input_shapes")),
 )
-
-
-def _pickle_or_explain(spec: remote.TrainSpec) -> bytes:
-    """cloudpickle of ``spec``; on failure, an error naming the param that cannot travel."""
-    from spark_dl.spark.launch.pickling import pickler
-
-    cp = pickler()
-    try:
-        return cp.dumps(spec)
-    except Exception as first:
-        for field, value in vars(spec).items():
-            try:
-                cp.dumps(value)
-            except Exception as e:
-                raise TypeError(
-                    f"{field} cannot be sent to the workers: cloudpickle failed with "
-                    f"{type(e).__name__}: {e}. Define classes and functions at module level "
-                    "(in the main script or an importable module); objects holding locks, "
-                    "open files, sockets or a SparkContext cannot be shipped") from e
-        raise TypeError(f"the training function's arguments cannot be pickled: {first}") \
-            from first
 
 
 @define_params(TORCH_PARAMS)
@@ -82,6 +59,7 @@ class TorchEstimator(EstimatorBase):
     """
 
     _run_prefix = "torch"
+    _worker_adapter = TorchWorker
 
     @keyword_only
     def __init__(self, **kwargs):
@@ -164,17 +142,9 @@ class TorchEstimator(EstimatorBase):
 
     def _dry_run(self, store, dataset: Dataset, input_shapes) -> None:
         """Model, loss and metrics on two training rows, on the driver (see module doc)."""
-        from spark_dl.spark.common.data_loader import ArrowDataLoader
-
         features, labels = self.getFeatureCols(), self.getLabelCols()
         weight = self.getSampleWeightCol()
-        loader = ArrowDataLoader(dataset.source(store, "train"), batch_size=2, shuffle=False,
-                                 to_torch=True, num_threads=1, equal_steps=False,
-                                 columns=features + labels + ([weight] if weight else []))
-        try:
-            batch = next(iter(loader))
-        finally:
-            loader.close()
+        batch = util.torch_batch(self._sample_batch(store, dataset))
         if self.getTransformationFn() is not None:
             try:
                 batch = self.getTransformationFn()(batch)
@@ -228,105 +198,38 @@ class TorchEstimator(EstimatorBase):
     # ------------------------------------------------------------------ training
 
     def _on_begin(self, store, ctx: dict) -> None:
-        from spark_dl.spark.torch.tensorboard import TensorBoardLogger
-
-        ctx["tensorboard"] = TensorBoardLogger(store, ctx["run_id"])
         # Loading the trained optimizer state at the end imports torch._dynamo (see
-        # remote.preload_torch_dynamo): do it while the data is prepared.
-        remote.preload_torch_dynamo()
+        # adapter.preload_torch_dynamo): do it while the data is prepared.
+        preload_torch_dynamo()
 
-    def _train(self, backend, store, dataset: Dataset, ctx: dict):
-        run_id = ctx["run_id"]
-        board = ctx["tensorboard"]
+    def _framework_spec(self, store, dataset: Dataset) -> TorchSpec:
         input_shapes = self._input_shapes(dataset)
         self._dry_run(store, dataset, input_shapes)
-        num_proc = backend.num_processes()
-        metrics = self.getMetrics()
-        metrics = [] if metrics is None else (metrics if isinstance(metrics, list) else [metrics])
-        spec = remote.TrainSpec(
+        return TorchSpec(
             model=self.getModel(), optimizer=self.getOptimizer(),
             losses=None if self.getLossConstructors() else self._losses(),
             loss_constructors=self.getLossConstructors(),
-            loss_weights=self.getLossWeights(), metrics=metrics,
-            feature_cols=self.getFeatureCols(), label_cols=self.getLabelCols(),
-            sample_weight_col=self.getSampleWeightCol(), input_shapes=input_shapes,
-            label_shapes=self.getLabelShapes(), batch_size=self.getBatchSize(),
-            val_batch_size=self.getValBatchSize() or self.getBatchSize(),
-            epochs=self.getEpochs(), train_steps=self.getTrainStepsPerEpoch(),
-            val_steps=self.getValidationStepsPerEpoch(),
-            shuffle_buffer_size=self.getShuffleBufferSize(),
+            loss_weights=self.getLossWeights(), input_shapes=input_shapes,
             compression=self.getGradientCompression(),
             backward_passes_per_step=self.getBackwardPassesPerStep(),
-            transformation_fn=self.getTransformationFn(),
-            train_minibatch_fn=self.getTrainMinibatchFn(),
-            callbacks=list(self.getCallbacks() or []),
-            remote_store=store.to_remote(run_id, dataset.idx), dataset=dataset,
-            seed=self.getRandomSeed() if self.getRandomSeed() is not None
-            else int(time.time() * 1000) % (2 ** 31),
-            random_seed=self.getRandomSeed(), terminate_on_nan=self.getTerminateOnNan(),
-            cache_all=self.getInMemoryCacheAll(),
-            train_threads=self.getTrainReaderNumWorkers(),
-            val_threads=self.getValReaderNumWorkers(), use_gpu=self.getUseGpu(),
-            verbose=self.getVerbose(), run_id=run_id)
-        blob = _pickle_or_explain(spec)
-        verbose = self.getVerbose()
-        display = ProgressDisplay(verbose, listeners=[board.on_event])
-        if verbose:
-            display.print(f"TorchEstimator: run {run_id}, {num_proc} processes, "
-                          f"{dataset.train_rows} training / {dataset.val_rows} validation rows "
-                          f"(data ready after {ctx['prepare_s']:.1f}s), store "
-                          f"{store.prefix_path}")
-        result = None
-        ctx["launch"] = time.time()
-        try:
-            # Unbuffered: the workers' own prints reach the driver as they happen.
-            results = run_on_backend(backend, remote.train, (blob,),
-                                     {"PYTHONUNBUFFERED": "1"}, display.stream("stdout"),
-                                     display.stream("stderr"))
-            result = results[0]
-            ctx["returned"] = time.time()
-        finally:
-            display.close()
-            note = board.close(result["history"] if result else None)
-            if note and verbose:
-                display.print(note)
-        model = self._trained_model(result, run_id, dataset, input_shapes)
-        ended = time.time()
-        first = result["timings"].get("first_step")
-        worker = result["timings"]
-        model.timings = {
-            "total_s": ended - ctx["fit_start"], "prepare_s": ctx["prepare_s"],
-            "launch_s": ctx["launch"] - ctx["fit_start"],
-            "returned_s": ctx["returned"] - ctx["fit_start"],
-            "first_step_s": (first - ctx["fit_start"]) if first else None,
-            "epoch_s": worker.get("epoch_s", []),
-            # rank 0's phases, from fit():
-            "worker_phases_s": {k: worker[k] - ctx["fit_start"]
-                                for k in ("start", "imported", "initialized", "ready", "end")
-                                if worker.get(k)},
-        }
-        if verbose:
-            display.print(f"TorchEstimator: run {run_id} done in {model.timings['total_s']:.1f}s"
-                          + (f" (first training step after {model.timings['first_step_s']:.1f}s)"
-                             if first else ""))
-        return model
+            train_minibatch_fn=self.getTrainMinibatchFn())
 
-    def _trained_model(self, result: dict, run_id: str, dataset: Dataset, input_shapes):
+    def _trained_model(self, result: dict, run_id: str, dataset: Dataset, framework):
         from spark_dl.spark.launch.pickling import pickler
 
         # A copy of the user's objects (optimizer still bound to the model's parameters),
         # then rank 0's trained state.
         cp = pickler()
         model, optimizer = cp.loads(cp.dumps((self.getModel(), self.getOptimizer())))
-        model.load_state_dict(result["model"])
-        optimizer.load_state_dict(result["optimizer"])
+        model.load_state_dict(result["state"]["model"])
+        optimizer.load_state_dict(result["state"]["optimizer"])
         cols = self.getFeatureCols() + self.getLabelCols()
         metadata = {"columns": {c: dataset.columns[c] for c in cols},
                     "vector_dtype": self._vector_dtype()}
         return TorchModel(
             model=model, optimizer=optimizer, feature_columns=self.getFeatureCols(),
             label_columns=self.getLabelCols(), history=result["history"], run_id=run_id,
-            input_shapes=input_shapes, metadata=metadata,
+            input_shapes=framework.input_shapes, metadata=metadata,
             batch_size=max(self.getValBatchSize() or self.getBatchSize(), 256))
 
 

@@ -17,13 +17,12 @@ wider output is a class index and becomes int64 (Spark's ``StringIndexer`` yield
 """
 
 import copy
-import math
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["model_dtype", "default_input_shapes", "feature_tensors", "label_tensors",
+__all__ = ["model_dtype", "default_input_shapes", "torch_batch", "feature_tensors", "label_tensors",
            "match_outputs", "make_loss_fn", "metric_names", "describe", "predict"]
 
 
@@ -42,6 +41,12 @@ def numpy_dtype_name(dtype: torch.dtype) -> str:
 def default_input_shapes(feature_cols: Sequence[str], columns: Mapping[str, dict]) -> List[list]:
     """``[-1, 1]`` for scalar columns, ``[-1, *shape]`` otherwise."""
     return [[-1] + (list(columns[c]["shape"]) or [1]) for c in feature_cols]
+
+
+def torch_batch(arrays: Mapping[str, np.ndarray]) -> Dict[str, torch.Tensor]:
+    """A loader batch (column -> NumPy array) as CPU tensors sharing its memory."""
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
+            for k, v in arrays.items()}
 
 
 def _as_tensor(value) -> torch.Tensor:
@@ -223,10 +228,6 @@ def default_train_minibatch():
     train_minibatch.state = state
     train_minibatch.flush = flush
     return train_minibatch
-
-
-def is_finite(value: float) -> bool:
-    return not (math.isnan(value) or math.isinf(value))
 
 
 def predict(model: torch.nn.Module, arrays: Dict[str, np.ndarray], feature_cols: Sequence[str],

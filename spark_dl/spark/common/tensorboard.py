@@ -3,9 +3,10 @@
 Rank 0 reports each epoch's averaged metrics to the driver (see
 :mod:`spark_dl.spark.common.progress`); this writer turns them into TensorBoard scalars
 (``loss``, ``val_loss``, each metric; step = epoch) as they arrive, so TensorBoard pointed at
-``store.get_logs_path(run_id)`` follows the training live. Writing on the driver keeps
-``torch.utils.tensorboard`` (about 2 s to import) off the workers' path to their first step;
-the driver imports it in the background while the data is prepared.
+``store.get_logs_path(run_id)`` follows the training live. The events are written with the
+``tensorboard`` package's own event-file writer, so no framework is needed for them; writing
+on the driver keeps that import off the workers' path to their first step, and the driver
+does it in the background while the data is prepared.
 
 On stores with local paths the event file is written in place; on others it is written to a
 temporary directory and uploaded after each epoch. Without the ``tensorboard`` package
@@ -16,9 +17,32 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from typing import Optional
 
 __all__ = ["TensorBoardLogger"]
+
+
+class _ScalarWriter:
+    """Scalar summaries into one TensorBoard event file."""
+
+    def __init__(self, events):
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        self._events = events
+        self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        summary = self._summary_pb2.Summary(
+            value=[self._summary_pb2.Summary.Value(tag=tag, simple_value=float(value))])
+        self._events.add_event(self._event_pb2.Event(wall_time=time.time(), step=int(step),
+                                                     summary=summary))
+
+    def flush(self) -> None:
+        self._events.flush()
+
+    def close(self) -> None:
+        self._events.close()
 
 
 class TensorBoardLogger:
@@ -51,14 +75,14 @@ class TensorBoardLogger:
 
     def _open(self) -> None:
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             if self.store.capabilities.local_paths:
                 self._local_dir = self.store.get_fs_path(self.path)
             else:
                 self._local_dir = tempfile.mkdtemp(prefix="spark_dl_tb_")
             os.makedirs(self._local_dir, exist_ok=True)
-            writer = SummaryWriter(log_dir=self._local_dir)
+            writer = _ScalarWriter(EventFileWriter(self._local_dir))
         except Exception as e:  # the package is missing or broken: a note, not a failure
             self._error = e
             return

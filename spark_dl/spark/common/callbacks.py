@@ -1,4 +1,4 @@
-"""Callbacks: code of the user's that runs on every worker during ``TorchEstimator.fit``.
+"""Callbacks: code of the user's that runs on every worker during an estimator's ``fit``.
 
 Pass instances in ``callbacks=[...]``; each worker gets its own copy (they are pickled with
 the rest of the training function). Before ``on_train_begin`` each copy has ``model``,

@@ -1,0 +1,267 @@
+"""What every trained model does, whatever its framework: ``transform`` in Arrow batches.
+
+``transform(df)`` adds one column per model output (``output_cols``; default
+``<label>__output``) and keeps every column of ``df``. Prediction runs in a scalar-iterator
+pandas UDF over Arrow batches: the framework's
+:class:`~spark_dl.spark.common.adapter.Predictor` travels to the executors once per
+transform as a Spark broadcast and is unpickled once per Python worker (a small cache keyed
+by the transform), then applied to the rows of each Arrow batch. Feature columns are
+converted as in training: vectors through Spark's ``vector_to_array`` with the dtype
+training used, and the predictor casts to the model's dtype.
+
+Output column types: one value per row -> double; a label that was a Spark ML vector ->
+a DenseVector column; otherwise an array of the model's float type (float for float32
+outputs, double for float64; multi-dimensional outputs are flattened per row).
+"""
+
+import collections
+import threading
+import uuid
+from typing import Dict, Iterator, List, Tuple
+
+import numpy as np
+from pyspark.ml import Model
+
+from spark_dl.spark.common import constants
+from spark_dl.spark.common.params import MODEL_PARAMS, TableParams, define_params
+from spark_dl.spark.common.persistence import PersistableParams
+
+__all__ = ["ModelBase"]
+
+_TMP_COL = "__spark_dl_outputs"
+
+
+@define_params(MODEL_PARAMS)
+class ModelBase(TableParams, Model, PersistableParams):
+    """Base of the framework models: params from :data:`MODEL_PARAMS`, persistence and
+    ``transform`` (see the module doc). A framework supplies :meth:`_predictor` and, when
+    the model's vector dtype is not float32, :meth:`_default_vector_dtype`.
+
+    ``timings`` (not persisted) holds the fit's durations: ``total_s``, ``prepare_s``,
+    ``first_step_s`` (from ``fit()`` to the end of the first training step) and ``epoch_s``.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.timings = None
+
+    def getOutputCols(self) -> List[str]:
+        """The columns transform() adds: ``output_cols``, else ``<label>__output`` each."""
+        cols = self.getOrDefault("output_cols")
+        if cols:
+            return list(cols)
+        return [f"{c}__output" for c in (self.getLabelColumns() or [])]
+
+    # ------------------------------------------------------------------ framework hooks
+
+    def _predictor(self, specs: Dict[str, dict]):
+        """The :class:`~spark_dl.spark.common.adapter.Predictor` of this model for feature
+        columns described by ``specs`` (column -> kind/dtype/shape per row); raises
+        ValueError when the model is not set."""
+        raise NotImplementedError
+
+    def _default_vector_dtype(self) -> str:
+        """dtype vector columns are read as when training left no metadata."""
+        return "float32"
+
+    # ------------------------------------------------------------------ transform
+
+    def _column_specs(self, df) -> Dict[str, dict]:
+        """kind/dtype/shape of each feature column: from training, else from ``df``."""
+        from spark_dl.spark.common.schema import classify
+
+        features = self.getFeatureColumns()
+        known = (self.getMetadata() or {}).get("columns", {})
+        fields = {f.name: f.dataType for f in df.schema.fields}
+        missing = [c for c in features if c not in fields]
+        if missing:
+            raise KeyError(f"feature columns {missing} are not in the DataFrame (columns: "
+                           f"{list(fields)})")
+        specs = {}
+        first = None
+        for col in features:
+            info = classify(col, fields[col], "float64")
+            if col in known:
+                trained = known[col]
+                if (trained["kind"] == constants.KIND_SCALAR) != \
+                        (info.kind == constants.KIND_SCALAR):
+                    raise TypeError(f"feature column {col!r} is {info.spark_type} here but "
+                                    f"was {trained['kind']} in training")
+                specs[col] = dict(trained, kind=info.kind)
+                continue
+            if info.kind == constants.KIND_SCALAR:
+                specs[col] = {"kind": info.kind, "dtype": info.dtype, "shape": []}
+                continue
+            if first is None:  # a model built by hand: look at one row
+                first = _first_row(df, features)
+            specs[col] = {"kind": info.kind, "dtype": "float64",
+                          "shape": [len(first[col])]}
+        return specs
+
+    def _transform(self, df):
+        from pyspark.sql import functions as F
+
+        from spark_dl.spark.common.schema import _col
+        from spark_dl.spark.launch.pickling import pickler
+
+        features = self.getFeatureColumns()
+        if not features:
+            raise ValueError("feature_columns is not set")
+        specs = self._column_specs(df)
+        predictor = self._predictor(specs)
+        vector_dtype = (self.getMetadata() or {}).get("vector_dtype",
+                                                      self._default_vector_dtype())
+        out_cols = self.getOutputCols()
+        kinds, types = self._output_types(predictor, specs, len(out_cols))
+
+        bc = df.sparkSession.sparkContext.broadcast(pickler().dumps(predictor))
+        predict_udf = _make_udf(uuid.uuid4().hex, bc, features, specs, kinds, types)
+        inputs = []
+        for col in features:
+            c = _col(col)
+            if specs[col]["kind"] == constants.KIND_VECTOR:
+                from pyspark.ml.functions import vector_to_array
+
+                c = vector_to_array(c, dtype=vector_dtype)
+            inputs.append(c)
+        out = df.withColumn(_TMP_COL, predict_udf(*inputs))
+        cols = [_col(c) for c in df.columns if c not in out_cols]
+        for i, (name, kind) in enumerate(zip(out_cols, kinds)):
+            field = F.col(f"`{_TMP_COL}`.`_{i}`")
+            if kind == "vector":
+                from pyspark.ml.functions import array_to_vector
+
+                field = array_to_vector(field)
+            cols.append(field.alias(name))
+        return out.select(*cols)
+
+    def _output_types(self, predictor, specs, n_cols):
+        """(kind per output: scalar/array/vector, Spark type per output), from a prediction
+        on two rows of zeros."""
+        from pyspark.sql import types as T
+
+        zeros = {c: np.zeros([2] + list(s["shape"]), dtype=s["dtype"]) for c, s in specs.items()}
+        try:
+            outputs = predictor.predict(zeros)
+        except Exception as e:
+            raise ValueError(f"the model cannot be applied to inputs of shapes "
+                             f"{[[2] + list(s['shape']) for s in specs.values()]}: "
+                             f"{type(e).__name__}: {e}") from e
+        if len(outputs) != n_cols:
+            raise ValueError(f"the model returns {len(outputs)} output(s) but output_cols "
+                             f"names {n_cols} column(s): {self.getOutputCols()}")
+        labels = self.getLabelColumns() or []
+        known = (self.getMetadata() or {}).get("columns", {})
+        kinds, types = [], []
+        for i, out in enumerate(outputs):
+            out = np.asarray(out)
+            per_row = int(np.prod(out.shape[1:])) if out.ndim > 1 else 1
+            label_kind = known.get(labels[i], {}).get("kind") if i < len(labels) else None
+            element = T.DoubleType() if out.dtype == np.float64 else T.FloatType()
+            if label_kind == constants.KIND_VECTOR:
+                kinds.append("vector")
+                types.append(T.ArrayType(T.DoubleType(), True))
+            elif per_row == 1 and label_kind in (None, constants.KIND_SCALAR):
+                kinds.append("scalar")
+                types.append(T.DoubleType())
+            else:
+                kinds.append("array")
+                types.append(T.ArrayType(element, True))
+        return kinds, types
+
+
+def _first_row(df, features):
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+
+    from spark_dl.spark.common.schema import _col
+
+    exprs = [vector_to_array(_col(f.name)).alias(f.name) if isinstance(f.dataType, VectorUDT)
+             else _col(f.name) for f in df.schema.fields if f.name in features]
+    row = df.select(*exprs).first()
+    if row is None:
+        raise ValueError("the DataFrame is empty, so the feature shapes cannot be read; "
+                         "set the model's metadata (or its framework's input shapes)")
+    return row.asDict()
+
+
+# ----------------------------------------------------------------------------- executor side
+
+_predictors: "collections.OrderedDict[str, object]" = collections.OrderedDict()
+_predictors_lock = threading.Lock()
+_MAX_PREDICTORS = 2
+
+
+def _executor_predictor(key: str, bc):
+    """The predictor of transform ``key``, unpickled once per Python worker."""
+    from spark_dl.spark.launch.pickling import pickler
+
+    with _predictors_lock:
+        predictor = _predictors.get(key)
+        if predictor is None:
+            predictor = pickler().loads(bc.value)
+            predictor.prepare()
+            _predictors[key] = predictor
+            while len(_predictors) > _MAX_PREDICTORS:
+                _predictors.popitem(last=False)
+        else:
+            _predictors.move_to_end(key)
+        return predictor
+
+
+def _column_array(col: str, series, spec: dict) -> np.ndarray:
+    if series.isna().any():
+        raise ValueError(f"feature column {col!r} has null values; drop or fill them before "
+                         "transform()")
+    if spec["kind"] == constants.KIND_SCALAR:
+        return series.to_numpy()
+    try:
+        values = np.stack(series.to_numpy())
+    except ValueError:
+        lengths = sorted({len(v) for v in series.to_numpy()})
+        raise ValueError(f"feature column {col!r} holds arrays of different lengths "
+                         f"{lengths[:5]}; the model was trained on {spec['shape']}") from None
+    if list(values.shape[1:]) != list(spec["shape"]):
+        raise ValueError(f"feature column {col!r} has rows of shape {list(values.shape[1:])}; "
+                         f"the model was trained on rows of shape {spec['shape']}")
+    return values
+
+
+def _make_udf(key, bc, features, specs, kinds, types):
+    import pandas as pd
+    from pyspark.sql import types as T
+    from pyspark.sql.functions import pandas_udf
+
+    schema = T.StructType([T.StructField(f"_{i}", t, True) for i, t in enumerate(types)])
+
+    def run(batches):
+        predictor = _executor_predictor(key, bc)
+        for columns in batches:
+            if isinstance(columns, pd.Series):
+                columns = (columns,)
+            rows = len(columns[0])
+            if not rows:
+                yield pd.DataFrame({f"_{i}": pd.Series([], dtype=object)
+                                    for i in range(len(kinds))})
+                continue
+            arrays = {c: _column_array(c, s, specs[c]) for c, s in zip(features, columns)}
+            outputs = predictor.predict(arrays)
+            frame = {}
+            for i, (out, kind) in enumerate(zip(outputs, kinds)):
+                out = np.asarray(out)
+                if kind == "scalar":
+                    frame[f"_{i}"] = out.reshape(rows).astype(np.float64)
+                else:
+                    flat = out.reshape(rows, -1)
+                    if kind == "vector":
+                        flat = flat.astype(np.float64)
+                    frame[f"_{i}"] = list(flat)
+            yield pd.DataFrame(frame)
+
+    if len(features) == 1:
+        def predict(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
+            return run(batches)
+    else:
+        def predict(batches: Iterator[Tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
+            return run(batches)
+    return pandas_udf(predict, schema)
