@@ -1,7 +1,7 @@
 """The Gloo launcher: a rendezvous server on the launcher, one process per rank.
 
 Workers find each other through the rendezvous server (the core's Gloo context reads and
-writes it with :class:`~spark_dl.runner.kvstore.KVStoreClient`), so the launcher only has
+writes it with :class:`~spark_dl.rendezvous.client.KVStoreClient`), so the launcher only has
 to start each rank with its environment:
 
 ========================  ===================================================
@@ -25,12 +25,12 @@ import socket
 import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from spark_dl.rendezvous.secret import make_secret, secret_to_hex
 from spark_dl.runner import remote
 from spark_dl.runner.hosts import LOCALHOST, SlotInfo
 from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.runner.options import LaunchOptions
 from spark_dl.runner.output import forwarder_for
-from spark_dl.rendezvous.secret import make_secret, secret_to_hex
 from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
 
 

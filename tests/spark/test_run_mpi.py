@@ -18,11 +18,11 @@ pytest.importorskip("pyspark")
 
 from spark_dl.spark import run  # noqa: E402
 from spark_dl.spark.launch.driver.service import DriverService, Failure  # noqa: E402
-from spark_dl.spark.launch.handover import SecretHandover, fetch_handover, is_descendant  # noqa: E402
-from spark_dl.spark.launch.spark_run import select_launcher  # noqa: E402
-from spark_dl.spark.launch.rsh_agent import split_argv  # noqa: E402
 from spark_dl.spark.launch.errors import (MpiNotBuiltError, NotEnoughSlotsError,  # noqa: E402
                                           RunError)
+from spark_dl.spark.launch.handover import SecretHandover, fetch_handover, is_descendant  # noqa: E402
+from spark_dl.spark.launch.rsh_agent import split_argv  # noqa: E402
+from spark_dl.spark.launch.spark_run import select_launcher  # noqa: E402
 from test_run_cases import (ROOT, check_two_ranks_one_host,  # noqa: E402
                             expect_worker_failure, processes_with, raise_on_rank_1,
                             sigkill_rank_1, spark_session, topology, worker_processes)

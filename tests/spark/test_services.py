@@ -24,11 +24,11 @@ from spark_dl.rendezvous.secret import SEAL_HEADER_BYTES, make_secret, seal
 from spark_dl.spark.launch.driver.plan import plan_ranks
 from spark_dl.spark.launch.driver.service import DriverService, Registration
 from spark_dl.spark.launch.driver.slots import configured_slots
-from spark_dl.spark.launch.launcher import GlooLauncher
-from spark_dl.spark.launch.spark_run import select_launcher
 from spark_dl.spark.launch.errors import MpiNotBuiltError, StartTimeoutError
+from spark_dl.spark.launch.launcher import GlooLauncher
 from spark_dl.spark.launch.service import (ServiceClient, ServiceError, ServiceServer,
                                            request_context, response_context)
+from spark_dl.spark.launch.spark_run import select_launcher
 from spark_dl.spark.launch.task import get_available_devices
 from spark_dl.spark.launch.task.environment import format_endpoints, parse_endpoints
 from spark_dl.spark.launch.task.main import TaskMain, TaskSettings

@@ -10,8 +10,8 @@ import pytest
 from spark_dl.rendezvous import client as kv_client
 from spark_dl.rendezvous.client import KVStoreClient, KVStoreError, client_from_env
 from spark_dl.rendezvous.protocol import sign_request
-from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.rendezvous.secret import AuthenticationError, make_secret, now_ms
+from spark_dl.runner.kvstore import KVStoreServer
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -42,19 +42,19 @@ import threading
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from spark_dl.rendezvous.secret import secret_to_hex
 from spark_dl.runner.mpi_run import (OPEN_MPI_TAG, explain_failure, failed_rank,
                                      find_mpirun, mpi_environment, mpirun_command, owner_of,
                                      split_args)
 from spark_dl.runner.options import LaunchError, LaunchOptions
 from spark_dl.runner.output import TagDemux
-from spark_dl.rendezvous.secret import secret_to_hex
 from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
 from spark_dl.spark.launch.driver.plan import Placement
 from spark_dl.spark.launch.driver.service import Failure, describe_exit
+from spark_dl.spark.launch.errors import MpiNotBuiltError
 from spark_dl.spark.launch.handover import SecretHandover
 from spark_dl.spark.launch.launcher import Launcher, LaunchContext, call_tasks
 from spark_dl.spark.launch.rsh_agent import AGENT_HANDOVER_VAR
-from spark_dl.spark.launch.errors import MpiNotBuiltError
 from spark_dl.spark.launch.task.environment import (DRIVER_VAR, PYTHON_VAR, device_environment,
                                                     format_endpoints)
 from spark_dl.spark.launch.task.output import StreamSink, TaskOutputForwarder

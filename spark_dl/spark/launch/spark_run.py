@@ -25,16 +25,16 @@ import warnings
 from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
 from spark_dl.common import knobs
-from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.rendezvous.secret import make_secret
+from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.spark.launch import pickling
 from spark_dl.spark.launch.driver.job import SparkJob
 from spark_dl.spark.launch.driver.plan import plan_ranks
 from spark_dl.spark.launch.driver.service import DriverService, Failure
 from spark_dl.spark.launch.driver.slots import check_slots
+from spark_dl.spark.launch.errors import RunError, WorkerFailedError
 from spark_dl.spark.launch.launcher import GlooLauncher, Launcher, LaunchContext
 from spark_dl.spark.launch.network import driver_addresses
-from spark_dl.spark.launch.errors import RunError, WorkerFailedError
 from spark_dl.spark.launch.service import ServiceClient, log_to_stderr
 from spark_dl.spark.launch.task.main import TaskMain, TaskSettings
 
