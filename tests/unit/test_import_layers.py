@@ -27,6 +27,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.absp
 # equals its name or names a package above it.
 LAYERS: Dict[str, int] = {
     "spark_dl._core": 0,             # the native extension
+    "spark_dl.config": 0,            # the knob table (stdlib only, no _core)
     "spark_dl.rendezvous": 1,        # rendezvous client, wire protocol, message auth
     "spark_dl.common": 2,            # framework-neutral runtime over _core
     "spark_dl.numpy": 3,             # framework bindings ...
