@@ -285,3 +285,15 @@ def test_the_tables_see_the_package():
     # A broken walk (wrong root) would pass every rule above vacuously.
     assert "spark_dl.common.basics" in GRAPH and "spark_dl.spark.launch.spark_run" in GRAPH
     assert "spark_dl.rendezvous.client" in GRAPH["spark_dl.common.basics"]
+
+
+def test_public_names_survive_the_moves():
+    import spark_dl.spark
+    from spark_dl.spark.launch import errors, spark_run
+    from spark_dl.spark.launch.task import devices
+    from spark_dl.spark.task import get_available_devices  # Horovod's module name
+
+    assert get_available_devices is devices.get_available_devices
+    assert spark_dl.spark.run is spark_run.run
+    assert issubclass(errors.WorkerFailedError, errors.RunError)
+    assert issubclass(errors.NotEnoughSlotsError, errors.RunError)
