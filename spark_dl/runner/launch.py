@@ -17,6 +17,7 @@ import sys
 import threading
 from typing import Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+from spark_dl.config import knobs
 from spark_dl.runner.hosts import (HostSlots, assign_ranks, is_local_host, merge_hosts,
                                    parse_hostfile, parse_hosts)
 from spark_dl.runner.options import LaunchError, LaunchOptions
@@ -93,7 +94,7 @@ def choose_controller(requested: str = "auto", env: Optional[Mapping[str, str]] 
         mpi_args: ``--mpi-args``.
 
     Raises:
-        ValueError: ``mpi_args`` with ``requested="gloo"``.
+        ValueError: ``mpi_args`` with ``requested="gloo"``, or a bad ``SDL_CONTROLLER``.
     """
     if requested == "gloo" and mpi_args:
         raise ValueError("--mpi-args needs --mpi")
@@ -101,9 +102,7 @@ def choose_controller(requested: str = "auto", env: Optional[Mapping[str, str]] 
         return requested, f"--{requested}"
     if mpi_args:
         return "mpi", "--mpi-args given"
-    # Read here, not through spark_dl.common.knobs: that table lives in the core, which
-    # the runner must not need.
-    knob = {**os.environ, **(env or {})}.get("SDL_CONTROLLER", "").strip().lower()
+    knob = knobs.value("controller", {**os.environ, **(env or {})})
     if knob in ("gloo", "mpi"):
         return knob, f"SDL_CONTROLLER={knob}"
     build = _core_build()
@@ -186,8 +185,10 @@ def make_parser() -> argparse.ArgumentParser:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", help="host:slots,... (default: localhost:NP)")
     where.add_argument("--hostfile", help="file with one 'host slots=N' or 'host:N' per line")
-    parser.add_argument("--start-timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="how long workers may take to start and meet (default 30)")
+    parser.add_argument("--start-timeout", type=float, metavar="SECONDS",
+                        help="how long workers may take to start and meet (default: "
+                             "SDL_START_TIMEOUT, else "
+                             f"{knobs.table()['start_timeout_s'].default:g})")
     parser.add_argument("--output-filename", metavar="DIR",
                         help="also write each rank's output to DIR/rank.<r>/{stdout,stderr}")
     parser.add_argument("--prefix-output-with-timestamp", action="store_true",
@@ -224,16 +225,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         command = command[1:]
     if not command:
         parser.error("no command given")
+    options = dict(controller=args.controller or "auto", mpi_args=args.mpi_args,
+                   output_dir=args.output_filename, verbose=args.verbose,
+                   prefix_output=not args.disable_output_prefix,
+                   prefix_timestamp=args.prefix_output_with_timestamp,
+                   ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
+                   rendezvous_addr=args.rendezvous_addr)
+    if args.start_timeout is not None:  # else LaunchOptions reads the knob
+        options["start_timeout"] = args.start_timeout
     try:
-        return run_command(
-            command, args.np, hosts=args.hosts, hostfile=args.hostfile,
-            controller=args.controller or "auto",
-            mpi_args=args.mpi_args, start_timeout=args.start_timeout,
-            output_dir=args.output_filename, verbose=args.verbose,
-            prefix_output=not args.disable_output_prefix,
-            prefix_timestamp=args.prefix_output_with_timestamp,
-            ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
-            rendezvous_addr=args.rendezvous_addr)
+        return run_command(command, args.np, hosts=args.hosts, hostfile=args.hostfile,
+                           **options)
     except (ValueError, OSError, LaunchError) as exc:
         print(f"sdlrun: error: {exc}", file=sys.stderr)
         return 2

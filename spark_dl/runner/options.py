@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO, Optional, Sequence
 
-CONTROLLERS = ("auto", "gloo", "mpi")
+from spark_dl.config import knobs
+
+CONTROLLERS = knobs.table()["controller"].choices  # auto, gloo, mpi
 
 
 class LaunchError(RuntimeError):
@@ -22,7 +24,9 @@ class LaunchOptions:
             (see :func:`~spark_dl.runner.launch.choose_controller`).
         start_timeout: seconds workers may take to start and register (remote workers
             register with the rendezvous server; workers also receive it as
-            ``SDL_START_TIMEOUT`` to bound their own rendezvous).
+            ``SDL_START_TIMEOUT`` to bound their own rendezvous). Default: the
+            ``start_timeout_s`` knob (``SDL_START_TIMEOUT`` in the launcher's environment,
+            else 120).
         output_dir: also write each rank's raw output to ``DIR/rank.<r>/{stdout,stderr}``.
         prefix_output: prefix every forwarded line with ``[<rank>]<stdout>: ``.
         prefix_timestamp: put a timestamp before that prefix.
@@ -41,7 +45,7 @@ class LaunchOptions:
     """
 
     controller: str = "auto"
-    start_timeout: float = 30.0
+    start_timeout: float = field(default_factory=lambda: knobs.value("start_timeout_s"))
     output_dir: Optional[str] = None
     prefix_output: bool = True
     prefix_timestamp: bool = False

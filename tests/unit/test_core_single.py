@@ -85,7 +85,7 @@ def test_knob_table_is_the_core_table():
 
 
 def test_docs_knob_table_is_the_code_table():
-    # docs/core.md carries knobs.describe() verbatim; regenerate it when knobs.def changes.
+    # docs/core.md carries knobs.describe() verbatim; regenerate it when knobs.json changes.
     docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "core.md")
     with open(docs) as f:
         assert knobs.describe().strip() in f.read(), (

@@ -7,6 +7,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
@@ -231,10 +232,25 @@ NB_MODULE(_core, m) {
       d["default"] = k.default_value;
       d["tunable"] = k.tunable;
       d["doc"] = k.doc;
+      d["choices"] = k.choices;
+      d["fallback_env"] = k.fallback_env;
       out.append(d);
     }
     return out;
   });
+  // The C++ side of the value grammar, so tests can check that both sides agree.
+  m.def(
+      "parse_knob",
+      [](const std::string& name, const std::string& text) {
+        try {
+          return ParseKnob(name, text);
+        } catch (const std::invalid_argument& e) {
+          throw nb::value_error(e.what());  // as the Python parser raises
+        }
+      },
+      "name"_a, "text"_a,
+        "The value of knob `name` (field or variable) for `text`, parsed by the core; "
+        "ValueError naming the variable when it does not parse.");
   m.def("build_info", [] {
     nb::dict d;
     d["gloo"] = true;
