@@ -34,6 +34,7 @@ from pyspark.ml import Estimator
 from spark_dl.spark.common.backend import Backend, SparkBackend
 from spark_dl.spark.common.dataset import Dataset
 from spark_dl.spark.common.params import ESTIMATOR_PARAMS, TableParams, define_params
+from spark_dl.spark.common.params_accessors import EstimatorParamsAccessors
 from spark_dl.spark.common.persistence import PersistableParams
 from spark_dl.spark.common.store import Store
 
@@ -75,7 +76,7 @@ def default_store(spark) -> Store:
 
 
 @define_params(ESTIMATOR_PARAMS)
-class EstimatorBase(TableParams, Estimator, PersistableParams):
+class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, PersistableParams):
     """Base of the framework estimators (see the module doc for the flow)."""
 
     #: Prefix of generated run ids.

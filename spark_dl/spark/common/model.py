@@ -24,6 +24,7 @@ from pyspark.ml import Model
 
 from spark_dl.spark.common import constants
 from spark_dl.spark.common.params import MODEL_PARAMS, TableParams, define_params
+from spark_dl.spark.common.params_accessors import ModelParamsAccessors
 from spark_dl.spark.common.persistence import PersistableParams
 
 __all__ = ["ModelBase"]
@@ -32,7 +33,7 @@ _TMP_COL = "__spark_dl_outputs"
 
 
 @define_params(MODEL_PARAMS)
-class ModelBase(TableParams, Model, PersistableParams):
+class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
     """Base of the framework models: params from :data:`MODEL_PARAMS`, persistence and
     ``transform`` (see the module doc). A framework supplies :meth:`_predictor` and, when
     the model's vector dtype is not float32, :meth:`_default_vector_dtype`.

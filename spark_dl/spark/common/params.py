@@ -9,7 +9,12 @@ constructors an honest signature and docstring built from the same rows.
 
 The shared rows (:data:`ESTIMATOR_PARAMS`, :data:`MODEL_PARAMS`) carry Horovod's names so a
 ``horovod.spark`` user switches by changing imports; each framework adds its own rows
-(``spark_dl.spark.torch.estimator.TORCH_PARAMS``).
+(``spark_dl.spark.torch.params.TORCH_PARAMS``).
+
+IDEs see explicit, typed accessors: :mod:`~spark_dl.spark.common.params_codegen` writes them
+from the tables into ``params_accessors`` modules (mixins the classes inherit), and
+:func:`define_params` only makes accessors at run time for tables nobody generated (e.g. a
+third-party framework's).
 
 Converters check values when they are set, so a bad value fails in the constructor with the
 parameter's name (pyspark prefixes converter ``TypeError`` messages with it); ``ValueError``
@@ -41,6 +46,8 @@ class ParamSpec:
         pickled: saved with cloudpickle (objects, functions) rather than as JSON.
         accessor: stem of the getter/setter (default: ``num_proc`` -> ``NumProc``).
         aliases: more stems, for Horovod's spellings that differ from the generated one.
+        annotation: the value's type in the generated accessors (default: the converter's
+            ``annotation``, else ``Any``).
     """
 
     name: str
@@ -50,6 +57,17 @@ class ParamSpec:
     pickled: bool = False
     accessor: Optional[str] = None
     aliases: Tuple[str, ...] = ()
+    annotation: Optional[str] = None
+
+    @property
+    def type_hint(self) -> str:
+        """The annotation the generated getter returns and setter takes."""
+        return self.annotation or getattr(self.converter, "annotation", "Any")
+
+    @property
+    def stems(self) -> Tuple[str, ...]:
+        """Accessor stems: ``NumProc`` for ``getNumProc``/``setNumProc``, then aliases."""
+        return (self.accessor or accessor_stem(self.name),) + tuple(self.aliases)
 
 
 def accessor_stem(name: str) -> str:
@@ -59,7 +77,13 @@ def accessor_stem(name: str) -> str:
 
 # ----------------------------------------------------------------------------- converters
 # Each returns the normalized value or raises TypeError (wrong kind) / ValueError (bad value).
-# None always passes: it means "not set / use the default behaviour".
+# None always passes: it means "not set / use the default behaviour". Each carries the type
+# annotation its getter and setter get in the generated accessors (``annotation``).
+
+
+def _typed(convert, annotation: str):
+    convert.annotation = annotation
+    return convert
 
 
 def _int(name: str, minimum: int = 0):
@@ -71,7 +95,7 @@ def _int(name: str, minimum: int = 0):
         if value < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {value}")
         return int(value)
-    return convert
+    return _typed(convert, "Optional[int]")
 
 
 def _bool(name: str):
@@ -81,7 +105,7 @@ def _bool(name: str):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
         return value
-    return convert
+    return _typed(convert, "Optional[bool]")
 
 
 def _str(name: str):
@@ -91,7 +115,7 @@ def _str(name: str):
         if not isinstance(value, str) or not value:
             raise TypeError(f"{name} must be a non-empty str, got {value!r}")
         return value
-    return convert
+    return _typed(convert, "Optional[str]")
 
 
 def _columns(name: str):
@@ -107,7 +131,7 @@ def _columns(name: str):
         if len(set(value)) != len(value):
             raise ValueError(f"{name} lists a column twice: {list(value)}")
         return list(value)
-    return convert
+    return _typed(convert, "Optional[List[str]]")
 
 
 def _shapes(name: str):
@@ -131,7 +155,7 @@ def _shapes(name: str):
                                  f"most one -1 ({example})")
             shapes.append([int(d) for d in s])
         return shapes
-    return convert
+    return _typed(convert, "Optional[List[List[int]]]")
 
 
 def _floats(name: str):
@@ -142,10 +166,10 @@ def _floats(name: str):
                 isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value):
             raise TypeError(f"{name} must be a list of numbers, got {value!r}")
         return [float(v) for v in value]
-    return convert
+    return _typed(convert, "Optional[List[float]]")
 
 
-def _validation(value):
+def _validation(value):  # annotation set below
     if value is None:
         return None
     if isinstance(value, str):
@@ -173,7 +197,7 @@ def _callables(name: str, allow_single: bool = True):
             raise TypeError(f"{name} must be a callable or a list of callables; "
                             f"{bad[0]!r} is not callable")
         return list(value) if isinstance(value, tuple) else value
-    return convert
+    return _typed(convert, "Union[Callable, List[Callable], None]")
 
 
 def _callable(name: str):
@@ -181,7 +205,7 @@ def _callable(name: str):
         if value is not None and not callable(value):
             raise TypeError(f"{name} must be callable, got {value!r}")
         return value
-    return convert
+    return _typed(convert, "Optional[Callable]")
 
 
 def _list(name: str):
@@ -191,10 +215,10 @@ def _list(name: str):
         if not isinstance(value, (list, tuple)):
             value = [value]
         return list(value)
-    return convert
+    return _typed(convert, "Optional[List[Any]]")
 
 
-def _verbose(value):
+def _verbose(value):  # annotation set below
     value = _int("verbose")(value)
     if value is not None and value > 2:
         raise ValueError(f"verbose must be 0, 1 or 2, got {value}")
@@ -206,7 +230,11 @@ def _dict(name: str):
         if value is not None and not isinstance(value, dict):
             raise TypeError(f"{name} must be a dict, got {value!r}")
         return value
-    return convert
+    return _typed(convert, "Optional[Dict[str, Any]]")
+
+
+_typed(_validation, "Union[float, str, None]")
+_typed(_verbose, "Optional[int]")
 
 
 # ----------------------------------------------------------------------------- tables
@@ -260,7 +288,8 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
     ParamSpec("callbacks", "callbacks run on every worker during training", None,
               _list("callbacks"), pickled=True),
     ParamSpec("store", "the Store for prepared data, checkpoints and logs (default: a "
-              "temporary local one, on local masters only)", None, pickled=True),
+              "temporary local one, on local masters only)", None, pickled=True,
+              annotation='Optional["Store"]'),
     ParamSpec("run_id", "name of the run in the store; fitting again with the same run_id "
               "resumes after its last finished epoch (default: a new name)", None,
               _str("run_id")),
@@ -282,7 +311,8 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
     ParamSpec("verbose", "0 quiet, 1 a line per epoch and a progress bar, 2 also data "
               "preparation and launch details", 1, _verbose),
     ParamSpec("backend", "runs the training function on the workers (default: "
-              "SparkBackend(num_proc)); exclusive with num_proc", None, pickled=True),
+              "SparkBackend(num_proc)); exclusive with num_proc", None, pickled=True,
+              annotation='Optional["Backend"]'),
 )
 
 #: Parameters every trained model shares (Horovod's ``ModelParams``).

@@ -15,31 +15,19 @@ from pyspark import keyword_only
 
 from spark_dl.spark.common.dataset import Dataset
 from spark_dl.spark.common.estimator import EstimatorBase
-from spark_dl.spark.common.params import (ESTIMATOR_PARAMS, ParamSpec, _callable, _callables,
-                                          _shapes, define_params, params_doc,
+from spark_dl.spark.common.params import (ESTIMATOR_PARAMS, define_params, params_doc,
                                           params_signature)
 from spark_dl.spark.torch import util
 from spark_dl.spark.torch.adapter import TorchSpec, TorchWorker, preload_torch_dynamo
 from spark_dl.spark.torch.model import TorchModel
+from spark_dl.spark.torch.params import TORCH_PARAMS
+from spark_dl.spark.torch.params_accessors import TorchEstimatorParamsAccessors
 
 __all__ = ["TorchEstimator", "TORCH_PARAMS"]
 
-#: The PyTorch-only rows (the shared ones are ``ESTIMATOR_PARAMS``).
-TORCH_PARAMS = (
-    ParamSpec("loss_constructors", "functions called on each worker to build the loss "
-              "functions (instead of loss, for losses that cannot be pickled)", None,
-              _callables("loss_constructors", allow_single=False), pickled=True),
-    ParamSpec("train_minibatch_fn", "custom training step train_minibatch(model, optimizer, "
-              "transform_outputs, loss_fn, inputs, labels, sample_weights) -> (outputs, "
-              "loss)", None, _callable("train_minibatch_fn"), pickled=True),
-    ParamSpec("input_shapes", "shape of each feature column's model input, e.g. "
-              "[[-1, 1, 28, 28]] (default: [-1, n] for n values per row, [-1, 1] for "
-              "scalars)", None, _shapes("input_shapes")),
-)
-
 
 @define_params(TORCH_PARAMS)
-class TorchEstimator(EstimatorBase):
+class TorchEstimator(TorchEstimatorParamsAccessors, EstimatorBase):
     """Trains a ``torch.nn.Module`` on a Spark DataFrame with ``num_proc`` data-parallel
     workers and returns a :class:`~spark_dl.spark.torch.TorchModel`.
 

@@ -11,23 +11,18 @@ import torch
 from pyspark import keyword_only
 
 from spark_dl.spark.common.model import ModelBase
-from spark_dl.spark.common.params import (MODEL_PARAMS, ParamSpec, _shapes, define_params,
-                                          params_doc, params_signature)
+from spark_dl.spark.common.params import (MODEL_PARAMS, define_params, params_doc,
+                                          params_signature)
 from spark_dl.spark.torch import util
 from spark_dl.spark.torch.adapter import TorchPredictor
+from spark_dl.spark.torch.params import TORCH_MODEL_PARAMS
+from spark_dl.spark.torch.params_accessors import TorchModelParamsAccessors
 
 __all__ = ["TorchModel", "TORCH_MODEL_PARAMS"]
 
-TORCH_MODEL_PARAMS = (
-    ParamSpec("optimizer", "the optimizer in its trained state (bound to model)", None,
-              pickled=True),
-    ParamSpec("input_shapes", "shape of each feature column's model input", None,
-              _shapes("input_shapes")),
-)
-
 
 @define_params(TORCH_MODEL_PARAMS)
-class TorchModel(ModelBase):
+class TorchModel(TorchModelParamsAccessors, ModelBase):
     """A trained PyTorch model (see the module doc). ``fit`` returns one; ``getModel()``
     gives the ``torch.nn.Module``, ``getHistory()`` the per-epoch metrics.
 
