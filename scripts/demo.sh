@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
+export SPARK_CONF_DIR="${SPARK_CONF_DIR:-$PWD/conf}"  # conf/: Spark defaults and quiet logs for local runs
 exec .venv/bin/python examples/spark/torch_estimator_demo.py

@@ -9,7 +9,7 @@ workers with :mod:`spark_dl.numpy`.
 
 Run it (trains y = x . w + b on 2 workers of local[2], then predicts):
 
-    .venv/bin/python examples/spark/custom_framework_adapter.py
+    PYSPARK_PYTHON=.venv/bin/python .venv/bin/python examples/spark/custom_framework_adapter.py
 """
 
 import io
