@@ -4,10 +4,12 @@ The core works on the caller's memory until the operation finishes, so a
 handle keeps its input and output arrays alive until it is synchronized.
 """
 
+import time
+
 from spark_dl import _core
 from spark_dl.common.exceptions import OpTimeoutError, error_for, raise_from_core
 
-__all__ = ["Handle", "poll", "synchronize"]
+__all__ = ["Handle", "CompositeHandle", "poll", "synchronize"]
 
 _live = {}  # handle id -> Handle, until synchronized
 
@@ -72,6 +74,58 @@ class Handle:
 
     def __repr__(self):
         return f"Handle({self.hid}, name={self.name!r}, done={self._done})"
+
+
+class CompositeHandle(Handle):
+    """Several core operations presented as one handle (grouped operations).
+
+    Its result is ``combine([result of each member])``. If a member fails, the
+    others are still waited for (so nothing stays pending) and the first error
+    is raised. A timeout bounds the whole wait, not each member's.
+    """
+
+    __slots__ = ("_members", "_error")
+
+    def __init__(self, members, combine, name):  # noqa: D107 - members are the registered handles
+        self.hid = None
+        self._keep = None
+        self._members = members
+        self._finish = combine
+        self._done = False
+        self._result = None
+        self._error = None
+        self.name = name
+
+    def poll(self):
+        if self._done or self._error is not None:
+            return True
+        return all(m.poll() for m in self._members)
+
+    def wait(self, timeout=None):
+        if self._error is not None:
+            raise self._error
+        if self._done:
+            return self._result
+        deadline = None if timeout is None else time.monotonic() + float(timeout)
+        results = []
+        for m in self._members:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                results.append(m.wait(left))
+            except OpTimeoutError:
+                raise  # members stay pending; a later wait picks up where this one stopped
+            except Exception as e:  # noqa: BLE001 - re-raised below, after the other members
+                self._error = self._error or e
+        self._members = None
+        if self._error is not None:
+            raise self._error
+        self._result = self._finish(results)
+        self._finish = None
+        self._done = True
+        return self._result
+
+    def __repr__(self):
+        return f"CompositeHandle(name={self.name!r}, done={self._done})"
 
 
 def poll(handle):

@@ -1,31 +1,85 @@
 """Framework-neutral submission of collectives to the core.
 
 Front ends (:mod:`spark_dl.numpy`, ``spark_dl.torch``, ...) pass any object
-that speaks DLPack (``__dlpack__``) and a ``wrap`` function that turns the
+that speaks DLPack (``__dlpack__``) and a ``finish`` function that turns the
 core's DLPack outputs into their own tensor type. Nothing is copied for
-contiguous CPU tensors.
+contiguous CPU tensors. The argument handling every front end shares lives here
+too: the reduce op (:func:`resolve_op`), operation and group names, the size and
+rank within a process set, and alltoall's default splits.
 """
 
 import collections
 import itertools
 
 from spark_dl import _core
-from spark_dl.common.exceptions import raise_from_core
+from spark_dl.common.basics import rank as _global_rank
+from spark_dl.common.basics import size as _global_size
+from spark_dl.common.exceptions import InvalidArgumentError, raise_from_core
 from spark_dl.common.handles import Handle
 from spark_dl.common.process_sets import global_process_set
 
-__all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "auto_name", "submit",
-           "DLPackTensor"]
+__all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "resolve_op", "auto_name",
+           "group_name", "set_size", "set_rank", "even_splits", "submit", "DLPackTensor"]
 
 Average = _core.REDUCE_OPS["Average"]
 Sum = _core.REDUCE_OPS["Sum"]
 Min = _core.REDUCE_OPS["Min"]
 Max = _core.REDUCE_OPS["Max"]
 Product = _core.REDUCE_OPS["Product"]
-Adasum = -1  # Horovod's Adasum reduction is not supported: passing it raises
+# Horovod's Adasum reduction is not implemented; passing it raises instead of falling back.
+Adasum = -1
+_REDUCE_OPS = frozenset([Average, Sum, Min, Max, Product])
 
 OP = _core.OP_TYPES
 _counters = collections.defaultdict(itertools.count)
+
+
+def resolve_op(average, op, default=Average):
+    """Horovod's deprecated ``average=`` flag and ``op=``, reconciled into one reduce op.
+
+    Raises:
+        InvalidArgumentError: both given, Adasum, or an unknown op.
+    """
+    if average is not None and op is not None:
+        raise InvalidArgumentError("the op parameter supersedes average; pass only one of them")
+    if average is not None:
+        return Average if average else Sum
+    if op is None:
+        return default
+    if op is Adasum or op == Adasum:
+        raise InvalidArgumentError("Adasum is not supported by spark_dl; use op=Average or op=Sum")
+    if op not in _REDUCE_OPS:
+        raise InvalidArgumentError(
+            f"unknown reduce op {op!r}; use Average, Sum, Min, Max or Product")
+    return op
+
+
+def set_size(process_set):
+    """Number of ranks in ``process_set`` (the global set when None)."""
+    if process_set is None or process_set is global_process_set:
+        return _global_size()
+    return process_set.size()
+
+
+def set_rank(process_set):
+    """This process's rank within ``process_set`` (-1 when not a member)."""
+    if process_set is None or process_set is global_process_set:
+        return _global_rank()
+    return process_set.rank()
+
+
+def even_splits(rows, n):
+    """alltoall's splits without ``splits=``: ``rows`` (None for a scalar) divided evenly
+    over ``n`` ranks.
+
+    Raises:
+        InvalidArgumentError: ``rows`` does not divide by ``n``.
+    """
+    if rows is None or rows % n:
+        have = "a scalar" if rows is None else rows
+        raise InvalidArgumentError(f"alltoall without splits needs dimension 0 ({have}) "
+                                   f"divisible by the number of ranks ({n})")
+    return [rows // n] * n
 
 
 def auto_name(kind, process_set_id=0):
@@ -68,6 +122,11 @@ def _ps_id(process_set):
     return process_set.process_set_id
 
 
+def group_name(kind, name, process_set):
+    """``name``, or an :func:`auto_name` for an unnamed grouped operation on ``process_set``."""
+    return name or auto_name(kind, _ps_id(process_set))
+
+
 def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set=None,
            op=Sum, prescale_factor=1.0, postscale_factor=1.0, root=0, splits=(),
            group="", group_size=0):
@@ -77,14 +136,11 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
         kind: 'allreduce', 'allgather', 'broadcast', 'alltoall', 'reducescatter',
             'barrier' or 'join'.
         tensor / output: DLPack-capable CPU arrays (output written in place).
+        op: a reduce op checked by :func:`resolve_op` (allreduce, reducescatter).
         keep: more objects to keep alive until the handle completes.
         finish: ``finish(outputs, ints)`` builds the result from the core's
             DLPack outputs and integer results.
     """
-    if op == Adasum:
-        from spark_dl.common.exceptions import InvalidArgumentError
-
-        raise InvalidArgumentError("Adasum is not supported by spark_dl; use Average or Sum")
     ps_id = _ps_id(process_set)
     name = name or auto_name(kind, ps_id)
     try:

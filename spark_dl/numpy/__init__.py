@@ -15,9 +15,9 @@ import numpy as np
 
 from spark_dl.common import *  # noqa: F401,F403
 from spark_dl.common import ops as _ops
-from spark_dl.common.basics import rank as _rank
 from spark_dl.common.exceptions import InvalidArgumentError
-from spark_dl.common.handles import Handle, synchronize
+from spark_dl.common.handles import CompositeHandle, synchronize
+from spark_dl.common.ops import even_splits, group_name, resolve_op, set_size
 from spark_dl.common.process_sets import global_process_set
 
 __all__ = [
@@ -31,14 +31,6 @@ __all__ = [
 def _as_array(tensor):
     # np.ascontiguousarray would turn 0-d arrays into 1-d ones.
     return np.asarray(tensor, order="C")
-
-
-def _resolve_op(average, op, default=_ops.Average):
-    if average is not None and op is not None:
-        raise InvalidArgumentError("pass either average= (deprecated) or op=, not both")
-    if average is not None:
-        return _ops.Average if average else _ops.Sum
-    return default if op is None else op
 
 
 def _from(outputs):
@@ -56,7 +48,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     arr = _as_array(tensor)
     out = np.empty_like(arr)
     return _ops.submit("allreduce", name, arr, out, finish=lambda o, i: out,
-                       process_set=process_set, op=_resolve_op(average, op),
+                       process_set=process_set, op=resolve_op(average, op),
                        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
@@ -73,7 +65,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     if not (isinstance(tensor, np.ndarray) and tensor.flags.c_contiguous and tensor.flags.writeable):
         raise InvalidArgumentError("in-place allreduce needs a writable C-contiguous numpy array")
     return _ops.submit("allreduce", name, tensor, tensor, finish=lambda o, i: tensor,
-                       process_set=process_set, op=_resolve_op(average, op),
+                       process_set=process_set, op=resolve_op(average, op),
                        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
@@ -84,37 +76,19 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                                         postscale_factor, process_set))
 
 
-class _GroupHandle(Handle):
-    """Handle over a grouped operation: its result is the list of results."""
-
-    __slots__ = ("_members",)
-
-    def __init__(self, members, name):  # noqa: D107  (not registered with the core)
-        self._members = members
-        self.name = name
-        self._done = False
-        self._result = None
-
-    def poll(self):
-        return all(h.poll() for h in self._members)
-
-    def wait(self, timeout=None):
-        return [h.wait(timeout) for h in self._members]
-
-
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set):
     """Reduces a list of arrays as one unit: negotiated together and fused into one collective."""
-    group = name or _ops.auto_name("grouped_allreduce", _ops._ps_id(process_set))
+    group = group_name("grouped_allreduce", name, process_set)
     handles = []
     for i, t in enumerate(tensors):
         arr = _as_array(t)
         out = np.empty_like(arr)
         handles.append(_ops.submit(
             "allreduce", f"{group}.{i}", arr, out, finish=lambda o, i, out=out: out,
-            process_set=process_set, op=_resolve_op(average, op), prescale_factor=prescale_factor,
+            process_set=process_set, op=resolve_op(average, op), prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, group=group, group_size=len(tensors)))
-    return _GroupHandle(handles, group)
+    return CompositeHandle(handles, list, group)
 
 
 def grouped_allreduce(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -171,23 +145,11 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     Without ``splits`` the rows are divided evenly (axis 0 must divide by the set size).
     """
     arr = _as_array(tensor)
-    n = (process_set or global_process_set).size() if process_set is not global_process_set \
-        else _ops_size()
     if splits is None:
-        if arr.ndim == 0 or arr.shape[0] % n:
-            raise InvalidArgumentError(
-                f"alltoall without splits needs axis 0 ({arr.shape[0] if arr.ndim else 'scalar'}) "
-                f"divisible by the number of ranks ({n})")
-        splits = [arr.shape[0] // n] * n
+        splits = even_splits(arr.shape[0] if arr.ndim else None, set_size(process_set))
     splits = [int(s) for s in np.asarray(splits).reshape(-1)]
     return _ops.submit("alltoall", name, arr, splits=splits, process_set=process_set,
                        finish=lambda o, i: (_from(o), np.asarray(i, dtype=np.int32)))
-
-
-def _ops_size():
-    from spark_dl.common.basics import size
-
-    return size()
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
@@ -203,7 +165,7 @@ def reducescatter_async(tensor, name=None, op=None, process_set=global_process_s
     """
     arr = _as_array(tensor)
     return _ops.submit("reducescatter", name, arr, finish=lambda o, i: _from(o),
-                       process_set=process_set, op=_resolve_op(None, op),
+                       process_set=process_set, op=resolve_op(None, op),
                        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 

@@ -12,15 +12,12 @@ wrapped without a copy.
 The blocking and autograd-aware forms are in :mod:`spark_dl.torch.mpi_ops`.
 """
 
-import time
-
 import torch
 
 from spark_dl.common import ops as _ops
-from spark_dl.common.basics import rank as _global_rank
-from spark_dl.common.basics import size as _global_size
-from spark_dl.common.exceptions import InvalidArgumentError, OpTimeoutError
-from spark_dl.common.handles import Handle
+from spark_dl.common.exceptions import InvalidArgumentError
+from spark_dl.common.handles import CompositeHandle
+from spark_dl.common.ops import Average, Sum, even_splits, group_name, resolve_op, set_size
 from spark_dl.common.process_sets import global_process_set
 
 __all__ = [
@@ -30,11 +27,6 @@ __all__ = [
     "barrier", "join",
 ]
 
-Average, Sum, Min, Max, Product = _ops.Average, _ops.Sum, _ops.Min, _ops.Max, _ops.Product
-# Horovod's Adasum reduction is not implemented; passing it raises instead of falling back.
-Adasum = "Adasum"
-_REDUCE_OPS = frozenset([Average, Sum, Min, Max, Product])
-
 # What the core reduces; anything else is refused here, before any rank enqueues a part of a group.
 _SUPPORTED_DTYPES = frozenset([
     torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -43,36 +35,6 @@ _SUPPORTED_DTYPES = frozenset([
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def resolve_op(average, op, default=Average):
-    """Horovod's deprecated ``average=`` flag and ``op=``, reconciled into one reduce op."""
-    if average is not None and op is not None:
-        raise InvalidArgumentError("the op parameter supersedes average; pass only one of them")
-    if average is not None:
-        return Average if average else Sum
-    if op is None:
-        return default
-    if isinstance(op, str) and op == Adasum:
-        raise InvalidArgumentError("Adasum is not supported by spark_dl; use op=Average or op=Sum")
-    if op not in _REDUCE_OPS:
-        raise InvalidArgumentError(
-            f"unknown reduce op {op!r}; use Average, Sum, Min, Max or Product")
-    return op
-
-
-def set_size(process_set):
-    """Number of ranks in ``process_set`` (the global set when None)."""
-    if process_set is None or process_set is global_process_set:
-        return _global_size()
-    return process_set.size()
-
-
-def set_rank(process_set):
-    """This process's rank within ``process_set`` (-1 when not a member)."""
-    if process_set is None or process_set is global_process_set:
-        return _global_rank()
-    return process_set.rank()
-
 
 def _check(tensor, what="tensor"):
     if not isinstance(tensor, torch.Tensor):
@@ -117,62 +79,11 @@ def _wrap(capsule):
     return torch.from_dlpack(capsule)
 
 
-def _group_name(kind, name, process_set):
-    return name or _ops.auto_name(kind, _ops._ps_id(process_set))
-
-
 def _as_list(tensors, kind):
     tensors = list(tensors)
     if not tensors:
         raise InvalidArgumentError(f"{kind} needs at least one tensor")
     return tensors
-
-
-class CompositeHandle(Handle):
-    """Several core operations presented as one handle.
-
-    Its result is ``combine([result of each member])``. If a member fails, the
-    others are still waited for (so nothing stays pending) and the first error
-    is raised.
-    """
-
-    __slots__ = ("_members", "_error")
-
-    def __init__(self, members, combine, name):  # noqa: D107 - members are the registered handles
-        self.hid = None
-        self._keep = None
-        self._members = members
-        self._finish = combine
-        self._done = False
-        self._result = None
-        self._error = None
-        self.name = name
-
-    def poll(self):
-        return self._done or all(m.poll() for m in self._members)
-
-    def wait(self, timeout=None):
-        if self._error is not None:
-            raise self._error
-        if self._done:
-            return self._result
-        deadline = None if timeout is None else time.monotonic() + float(timeout)
-        results = []
-        for m in self._members:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                results.append(m.wait(left))
-            except OpTimeoutError:
-                raise  # members stay pending; a later wait picks up where this one stopped
-            except Exception as e:  # noqa: BLE001 - re-raised below, after the other members
-                self._error = self._error or e
-        self._members = None
-        if self._error is not None:
-            raise self._error
-        self._result = self._finish(results)
-        self._finish = None
-        self._done = True
-        return self._result
 
 
 # ----------------------------------------------------------------------------- allreduce
@@ -231,7 +142,7 @@ def grouped_allreduce_named(tensors, average, name, op, prescale_factor, postsca
         for i, t in enumerate(tensors):
             src = _source(t, f"tensors[{i}]")
             prepared.append((src, torch.empty_like(src)))
-    group = _group_name("grouped_allreduce", name, process_set)
+    group = group_name("grouped_allreduce", name, process_set)
     if member_names is None:
         member_names = [f"{group}.{i}" for i in range(len(tensors))]
     handles = []
@@ -284,7 +195,7 @@ def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_pro
     if op not in (Average, Sum):
         raise InvalidArgumentError("sparse allreduce supports op=Average or op=Sum only")
     t = tensor.detach().coalesce()
-    name = _group_name("sparse_allreduce", name, process_set)
+    name = group_name("sparse_allreduce", name, process_set)
     # Rows of (nnz, sparse_dim) indices and (nnz, *dense) values concatenate along axis 0.
     h_idx = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices",
                             process_set=process_set)
@@ -320,7 +231,7 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
     """
     tensors = _as_list(tensors, "grouped_allgather")
     sources = [_source(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    group = _group_name("grouped_allgather", name, process_set)
+    group = group_name("grouped_allgather", name, process_set)
     # Negotiated as one unit: every member is ready on every rank before any runs.
     handles = [_ops.submit("allgather", f"{group}.{i}", src, finish=lambda o, i: _wrap(o[0]),
                            process_set=process_set, group=group, group_size=len(sources))
@@ -355,14 +266,8 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 # ----------------------------------------------------------------------------- alltoall, scatter
 
 def _splits_list(splits, tensor, process_set):
-    n = set_size(process_set)
     if splits is None:
-        rows = tensor.shape[0] if tensor.dim() else None
-        if rows is None or rows % n:
-            have = "a scalar" if rows is None else rows
-            raise InvalidArgumentError(f"alltoall without splits needs dimension 0 ({have}) "
-                                       f"divisible by the number of ranks ({n})")
-        return [rows // n] * n
+        return even_splits(tensor.shape[0] if tensor.dim() else None, set_size(process_set))
     if isinstance(splits, torch.Tensor):
         return [int(s) for s in splits.reshape(-1).tolist()]
     return [int(s) for s in splits]
@@ -398,7 +303,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
     """:func:`reducescatter_async` of each tensor in a list; ``synchronize`` returns the list."""
     tensors = _as_list(tensors, "grouped_reducescatter")
     sources = [_source(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    group = _group_name("grouped_reducescatter", name, process_set)
+    group = group_name("grouped_reducescatter", name, process_set)
     op = resolve_op(None, op)
     # Negotiated as one unit, as for grouped_allgather_async.
     handles = [_ops.submit("reducescatter", f"{group}.{i}", src, finish=lambda o, i: _wrap(o[0]),

@@ -12,9 +12,9 @@ import torch
 
 from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import synchronize
+from spark_dl.common.ops import set_rank, set_size
 from spark_dl.common.process_sets import global_process_set
-from spark_dl.torch._async_ops import (allgather_async, broadcast_async_, set_rank,
-                                       set_size)
+from spark_dl.torch._async_ops import allgather_async, broadcast_async_
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object"]

@@ -21,13 +21,14 @@ from spark_dl.common.basics import (  # noqa: F401 - re-exported
     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from spark_dl.common.handles import poll, synchronize  # noqa: F401 - re-exported
+from spark_dl.common.ops import (  # noqa: F401 - re-exported
+    Adasum, Average, Max, Min, Product, Sum, resolve_op, set_rank, set_size)
 from spark_dl.common.process_sets import (  # noqa: F401 - re-exported
     ProcessSet, add_process_set, global_process_set, remove_process_set)
 from spark_dl.torch._async_ops import (  # noqa: F401 - re-exported
-    Adasum, Average, Max, Min, Product, Sum, allgather_async, allreduce_async, allreduce_async_,
-    alltoall_async, barrier, broadcast_async, broadcast_async_, grouped_allgather_async,
-    grouped_allreduce_async, grouped_allreduce_async_, grouped_reducescatter_async, join,
-    reducescatter_async, resolve_op, set_rank, set_size, sparse_allreduce_async)
+    allgather_async, allreduce_async, allreduce_async_, alltoall_async, barrier, broadcast_async,
+    broadcast_async_, grouped_allgather_async, grouped_allreduce_async, grouped_allreduce_async_,
+    grouped_reducescatter_async, join, reducescatter_async, sparse_allreduce_async)
 from spark_dl.torch.compression import Compression
 
 __all__ = [

@@ -25,12 +25,11 @@ import weakref
 
 import torch
 
-from spark_dl.common.basics import size as _global_size
 from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import synchronize as _wait
+from spark_dl.common.ops import Average, resolve_op, set_size
 from spark_dl.common.process_sets import global_process_set
-from spark_dl.torch._async_ops import (Adasum, Average, allreduce_async_,
-                                       grouped_allreduce_named, resolve_op,
+from spark_dl.torch._async_ops import (allreduce_async_, grouped_allreduce_named,
                                        sparse_allreduce_async)
 from spark_dl.torch.compression import Compression
 
@@ -83,8 +82,7 @@ class _DistributedOptimizer:
         # step() is the wrapped optimizer's step, as in Horovod.
         ps = process_set
         in_set = ps is global_process_set or ps is None or ps.included()
-        n = _global_size() if ps is global_process_set or ps is None else ps.size()
-        self._active = in_set and n > 1
+        self._active = in_set and set_size(ps) > 1
         self._hook_handles = []
         if self._active:
             self._register_hooks()
@@ -364,8 +362,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgumentError(f"optimizer must be a torch.optim.Optimizer, got "
                                    f"{type(optimizer).__name__}")
-    if op is Adasum or op == Adasum:
-        raise InvalidArgumentError("Adasum is not supported by spark_dl; use op=Average or op=Sum")
     op = resolve_op(None, op)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise InvalidArgumentError("gradient_predivide_factor not supported with op != Average")

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from spark_dl.common.handles import synchronize
+from spark_dl.common.ops import Sum, set_size
 from spark_dl.common.process_sets import global_process_set
-from spark_dl.torch._async_ops import Sum, allgather_async, allreduce_async, set_size
+from spark_dl.torch._async_ops import allgather_async, allreduce_async
 
 __all__ = ["SyncBatchNorm"]
 
