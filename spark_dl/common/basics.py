@@ -11,6 +11,7 @@ import os
 
 from spark_dl import _core
 from spark_dl.common.exceptions import InvalidArgumentError, raise_from_core
+from spark_dl.config import knobs as knob_table
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
@@ -79,6 +80,16 @@ def _rendezvous_environ(environ):
     return {**environ, **_rendezvous}
 
 
+def _controller_knob(knobs):
+    """``auto``, ``gloo`` or ``mpi``: ``init(controller=...)``, else ``SDL_CONTROLLER``."""
+    try:
+        if "controller" in knobs:
+            return knob_table.table()["controller"].parse(str(knobs["controller"]), "controller")
+        return knob_table.value("controller")
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
+
+
 def _use_mpi(comm, environ, controller):
     mpi = bool(_core.build_info()["mpi"])
     if comm is not None or controller == "mpi":
@@ -89,8 +100,6 @@ def _use_mpi(comm, environ, controller):
         return True
     if controller == "gloo":
         return False
-    if controller != "auto":
-        raise InvalidArgumentError(f"SDL_CONTROLLER={controller!r}: expected auto, gloo or mpi")
     under_mpirun = "OMPI_COMM_WORLD_SIZE" in environ or "PMI_SIZE" in environ
     return mpi and under_mpirun and "SDL_RENDEZVOUS_ADDR" not in environ
 
@@ -131,11 +140,10 @@ def init(comm=None, process_sets=None, **knobs):
         PeerFailureError: the other ranks could not be reached in time.
     """
     global _atexit_registered, _homogeneous, _controller
-    from spark_dl.common import knobs as knob_table
     from spark_dl.common import process_sets as ps_module
 
     environ = os.environ
-    controller = str(knobs.get("controller", knob_table.value("controller"))).lower()
+    controller = _controller_knob(knobs)
     use_mpi = _use_mpi(comm, environ, controller)
     store = None
     if use_mpi:

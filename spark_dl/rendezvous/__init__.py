@@ -8,9 +8,10 @@
   (MACs, replay protection, sealed frames), used by the store and by the Spark launch
   services.
 
-Layering: this package uses only the standard library and imports nothing else from
-spark_dl; :mod:`spark_dl.common` (the runtime), :mod:`spark_dl.runner` (``sdlrun`` and the
-server) and :mod:`spark_dl.spark.launch` stand on it.
+Layering: this package uses only the standard library and, from spark_dl, only the knob
+table (:mod:`spark_dl.config`, for the start timeout); :mod:`spark_dl.common` (the
+runtime), :mod:`spark_dl.runner` (``sdlrun`` and the server) and
+:mod:`spark_dl.spark.launch` stand on it.
 """
 
 from spark_dl.rendezvous.client import KVStoreClient, KVStoreError, client_from_env

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import List, Mapping, NamedTuple, Optional, Tuple
 
+from spark_dl.config import knobs
 from spark_dl.rendezvous.protocol import (H_ERROR, H_MAC, H_TIME, MAX_WAIT_S, RESPONSE_CONTEXT,
                                           kv_path, sign_request, ts_bytes)
 from spark_dl.rendezvous.secret import (AuthenticationError, new_nonce, now_ms, secret_from_hex,
@@ -41,10 +42,12 @@ class KVStoreClient:
     Args:
         addr, port: the server (``SDL_RENDEZVOUS_ADDR``, ``SDL_RENDEZVOUS_PORT``).
         secret: the job secret (raw bytes).
-        timeout: default deadline in seconds of ``set`` and of ``get`` without timeout.
+        timeout: default deadline in seconds of ``set`` and of ``get`` without timeout
+            (default: the ``start_timeout_s`` knob's default).
     """
 
-    def __init__(self, addr: str, port: int, secret: bytes, timeout: float = 30.0):
+    def __init__(self, addr: str, port: int, secret: bytes,
+                 timeout: float = knobs.table()["start_timeout_s"].default):
         self.addr = addr
         self.port = int(port)
         self.timeout = float(timeout)
@@ -207,7 +210,8 @@ def client_from_env(environ: Mapping[str, str] = os.environ,
     """Builds a client from the variables ``sdlrun`` gives each worker.
 
     Reads ``SDL_RENDEZVOUS_ADDR``, ``SDL_RENDEZVOUS_PORT`` and ``SDL_SECRET_KEY`` (hex).
-    The default timeout is ``SDL_START_TIMEOUT`` when set, else 30 s.
+    The default timeout is the ``start_timeout_s`` knob (``SDL_START_TIMEOUT`` in
+    ``environ``, else its default).
 
     Returns:
         None when none of the three is set (not launched by sdlrun).
@@ -228,5 +232,5 @@ def client_from_env(environ: Mapping[str, str] = os.environ,
     except ValueError:
         raise ValueError(f"SDL_RENDEZVOUS_PORT is not a port number: {port_text!r}") from None
     if timeout is None:
-        timeout = float(environ.get("SDL_START_TIMEOUT") or 30.0)
+        timeout = knobs.value("start_timeout_s", environ)
     return KVStoreClient(addr, port, secret_from_hex(key_hex), timeout=timeout)

@@ -106,13 +106,19 @@ def test_init_knob_overrides_and_fixed_knobs(initialized):
         sdl.set_knob("no_such_knob", 1)
 
 
-def test_bad_knob_value_in_environment_names_the_variable():
+@pytest.mark.parametrize("var, text, expected", [
+    ("SDL_CYCLE_TIME", "fast", "a number"),
+    ("SDL_START_TIMEOUT", "soon", "a duration"),   # read by the core and the launchers
+    ("SDL_SHM", "maybe", "a boolean"),
+    ("SDL_CONTROLLER", "nccl", "one of auto, gloo, mpi"),
+])
+def test_bad_knob_value_in_environment_names_the_variable(var, text, expected):
     code = "import spark_dl.numpy as s; s.init()"
-    env = dict(os.environ, SDL_CYCLE_TIME="fast")
+    env = dict(os.environ, **{var: text})
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode != 0
-    assert "SDL_CYCLE_TIME=fast: expected a number" in p.stderr
+    assert f"InvalidArgumentError: {var}={text}: expected {expected}" in p.stderr, p.stderr
 
 
 def test_size_without_launcher_is_a_clear_error():

@@ -16,7 +16,6 @@ The flow (see ``docs/spark.md``):
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 import threading
@@ -24,7 +23,7 @@ import time
 import warnings
 from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
-from spark_dl.common import knobs
+from spark_dl.config import knobs
 from spark_dl.rendezvous.secret import make_secret
 from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.spark.launch import pickling
@@ -40,7 +39,6 @@ from spark_dl.spark.launch.task.main import TaskMain, TaskSettings
 
 __all__ = ["run", "select_launcher"]
 
-HOROVOD_START_TIMEOUT_VAR = "HOROVOD_SPARK_START_TIMEOUT"  # read when the knob is unset
 KILL_GRACE_S = 3.0
 # Bounds of the clean-up after a failure: stop the workers, then the Spark job.
 _STOP_WAIT_S = KILL_GRACE_S + 4.0
@@ -74,10 +72,8 @@ def select_launcher(use_mpi: Optional[bool], use_gloo: Optional[bool],
 
 
 def _start_timeout(value: Optional[float]) -> float:
-    if value is None:
-        knob = knobs.table()["spark_start_timeout_s"]
-        text = os.environ.get(knob.env) or os.environ.get(HOROVOD_START_TIMEOUT_VAR)
-        value = knob.parse(text) if text else knob.default
+    if value is None:  # the knob (SDL_SPARK_START_TIMEOUT, else HOROVOD_SPARK_START_TIMEOUT)
+        value = knobs.value("spark_start_timeout_s")
     if value <= 0:
         raise ValueError(f"start_timeout must be positive, got {value}")
     return float(value)
