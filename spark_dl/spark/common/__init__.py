@@ -1,5 +1,14 @@
-"""Framework-neutral pieces of the Spark integration.
+"""The estimator layer every framework shares (the launch layer below it is
+:mod:`spark_dl.spark.launch`).
 
+- :mod:`.estimator` -- :class:`~.estimator.EstimatorBase`: ``fit`` from params to a Model.
+  :mod:`.worker` -- the training loop on every worker; :mod:`.model` --
+  :class:`~.model.ModelBase`: ``transform`` in Arrow batches; :mod:`.adapter` -- the contract
+  a framework implements (:class:`~.adapter.WorkerAdapter`, :class:`~.adapter.Predictor`).
+- :mod:`.params` -- the params tables (typed accessors generated into
+  :mod:`.params_accessors` by :mod:`.params_codegen`); :mod:`.persistence` -- ML
+  persistence; :mod:`.backend` -- what runs the workers; :mod:`.progress`,
+  :mod:`.tensorboard`, :mod:`.callbacks` -- reporting and the user's hooks.
 - :mod:`.store` -- :class:`~.store.Store` and its implementations: where prepared data,
   metadata, checkpoints and logs live.
 - :mod:`.util` -- :func:`~.util.prepare_data` (DataFrame -> Parquet + metadata, cached) and
@@ -11,5 +20,5 @@
 - :mod:`.schema`, :mod:`.parquet_writer`, :mod:`.cache`, :mod:`.metadata`, :mod:`.constants`
   -- the parts of ``prepare_data``.
 
-Nothing here imports the native core, so workers and drivers can use it without it.
+The data modules import nothing native, so drivers can use them without the core.
 """
