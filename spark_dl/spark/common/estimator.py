@@ -128,8 +128,7 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         """Framework checks of the params (model, optimizer, loss ...)."""
 
     def _check_dataset(self, dataset: Dataset, num_proc: int) -> None:
-        cols = self.getFeatureCols() + self.getLabelCols() + (
-            [self.getSampleWeightCol()] if self.getSampleWeightCol() else [])
+        cols = self._columns()
         missing = [c for c in cols if c not in dataset.columns]
         if missing:
             raise KeyError(f"columns {missing} are not in the prepared data (it has "
@@ -213,8 +212,7 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         store = self.getStore()
         ctx = self._begin(store)
         ctx["fit_start"] = started
-        cols = self.getFeatureCols() + self.getLabelCols() + (
-            [self.getSampleWeightCol()] if self.getSampleWeightCol() else [])
+        cols = self._columns()
         dataset = (Dataset.from_store(store, dataset_idx) if dataset_idx is not None
                    else Dataset.from_plain_parquet(store, cols))
         self._check_dataset(dataset, num_proc)
