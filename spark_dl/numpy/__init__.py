@@ -17,6 +17,7 @@ from spark_dl.common import *  # noqa: F401,F403
 from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import CompositeHandle, synchronize
+from spark_dl.common.objects import allgather_object, broadcast_object
 from spark_dl.common.ops import even_splits, group_name, resolve_op, set_size
 from spark_dl.common.process_sets import global_process_set
 
@@ -24,7 +25,8 @@ __all__ = [
     "allreduce", "allreduce_async", "allreduce_", "allreduce_async_", "grouped_allreduce",
     "grouped_allreduce_async", "allgather", "allgather_async", "broadcast", "broadcast_async",
     "broadcast_", "broadcast_async_", "alltoall", "alltoall_async", "reducescatter",
-    "reducescatter_async", "barrier", "join", "synchronize", "poll",
+    "reducescatter_async", "barrier", "join", "synchronize", "poll", "broadcast_object",
+    "allgather_object",
 ]
 
 

@@ -1,20 +1,20 @@
 """Making ranks agree: broadcast of parameters, optimizer state and Python objects.
 
-Every function here is collective: every member of ``process_set`` must call
-it, in the same order as its other collectives.
+``broadcast_object`` and ``allgather_object`` are the framework-neutral ones of
+:mod:`spark_dl.common.objects`. Every function here is collective: every member of
+``process_set`` must call it, in the same order as its other collectives.
 """
 
 import collections
-import io
 
-import cloudpickle
 import torch
 
 from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import synchronize
-from spark_dl.common.ops import set_rank, set_size
+from spark_dl.common.objects import allgather_object, broadcast_object
+from spark_dl.common.ops import set_rank
 from spark_dl.common.process_sets import global_process_set
-from spark_dl.torch._async_ops import allgather_async, broadcast_async_
+from spark_dl.torch._async_ops import broadcast_async_
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
            "allgather_object"]
@@ -146,50 +146,3 @@ def _collect_slots(obj, out):
 
     walk(obj)
     out.extend(sorted(found, key=lambda s: s.index))
-
-
-def _dumps(obj):
-    buf = io.BytesIO()
-    cloudpickle.dump(obj, buf)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-
-
-def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns ``root_rank``'s ``obj`` on every member (serialized with cloudpickle).
-
-    Args:
-        obj: any object cloudpickle can serialize (only the root's is used).
-        root_rank: the rank within ``process_set`` that sends.
-        name: names the two underlying broadcasts (default ``broadcast_object``; the
-            same on every rank whatever ``obj`` is there, so non-root ranks may pass None).
-    """
-    name = name or "broadcast_object"
-    if set_rank(process_set) == root_rank:
-        payload = _dumps(obj)
-        length = torch.tensor([payload.numel()], dtype=torch.int64)
-    else:
-        length = torch.zeros(1, dtype=torch.int64)
-    synchronize(broadcast_async_(length, root_rank, f"{name}.size", process_set))
-    if set_rank(process_set) != root_rank:
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    synchronize(broadcast_async_(payload, root_rank, f"{name}.data", process_set))
-    if set_rank(process_set) == root_rank:
-        return obj
-    return cloudpickle.loads(payload.numpy().tobytes())
-
-
-def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every member's ``obj``, in rank order (cloudpickle)."""
-    name = name or "allgather_object"
-    payload = _dumps(obj)
-    sizes_h = allgather_async(torch.tensor([payload.numel()], dtype=torch.int64),
-                              name=f"{name}.sizes", process_set=process_set)
-    data_h = allgather_async(payload, name=f"{name}.data", process_set=process_set)
-    sizes = synchronize(sizes_h).tolist()
-    data = synchronize(data_h).numpy().tobytes()
-    out, offset = [], 0
-    for n in sizes:
-        out.append(cloudpickle.loads(data[offset:offset + n]))
-        offset += n
-    assert len(out) == set_size(process_set)
-    return out

@@ -381,6 +381,23 @@ def grouped_allgather():
     return [h.wait(timeout=30).tolist() for h in handles]
 
 
+def objects():
+    """broadcast_object / allgather_object of the NumPy front end, globally and on a set."""
+    sdl.init()
+    rank = sdl.rank()
+    odd = sdl.add_process_set([r for r in range(sdl.size()) if r % 2])
+    out = {"bcast": sdl.broadcast_object({"from": rank, "blob": b"x" * 5000} if rank == 1
+                                         else None, root_rank=1, name="obj.b"),
+           "gather": sdl.allgather_object(("rank", rank, [0] * rank), name="obj.g")}
+    if rank % 2:
+        out["odd_gather"] = sdl.allgather_object(rank, process_set=odd)
+        out["odd_bcast"] = sdl.broadcast_object(f"root {rank}" if odd.rank() == 0 else None,
+                                                root_rank=0, process_set=odd)
+    sdl.barrier()  # the others wait for the set's members before shutting down
+    sdl.shutdown()
+    return out
+
+
 def idle_costs():
     """What an idle rank and a rank waiting for a late peer cost: cycles and CPU seconds."""
     sdl.init()

@@ -28,6 +28,15 @@ def test_process_sets(np_):
         assert r["global_after"] == 2.0 * np_
 
 
+def test_numpy_object_broadcast_and_allgather():
+    res = run_ranks("core_workers:objects", 3, timeout=90)
+    for rank, r in enumerate(res):
+        assert r["bcast"] == {"from": 1, "blob": b"x" * 5000}
+        assert r["gather"] == [("rank", i, [0] * i) for i in range(3)]
+        if rank == 1:
+            assert r["odd_gather"] == [1] and r["odd_bcast"] == "root 1"
+
+
 def test_fusion_and_cache_counters():
     for r in run_ranks("core_workers:fusion_and_cache", 2, timeout=90):
         assert r["ok"]

@@ -23,7 +23,6 @@ framework binding), so it needs no framework.
 
 import dataclasses
 import math
-import pickle
 import time
 from typing import Any, List, Optional
 
@@ -122,16 +121,6 @@ class Sums:
         return [float(v) / rows if rows else float("nan") for v in t[1:]], int(rows)
 
 
-def _broadcast_object(sdl, obj, root: int, name: str):
-    """``obj`` of rank ``root`` on every rank (pickled; only ever built by the ranks)."""
-    data = pickle.dumps(obj) if sdl.rank() == root else b""
-    size = sdl.broadcast(np.array([len(data)], dtype=np.int64), root, name=name + ".size")
-    buf = np.frombuffer(data, dtype=np.uint8).copy() if data else \
-        np.zeros(int(size[0]), dtype=np.uint8)
-    buf = sdl.broadcast(buf, root, name=name + ".data")
-    return obj if sdl.rank() == root else pickle.loads(buf.tobytes())
-
-
 def _is_finite(value: float) -> bool:
     return not (math.isnan(value) or math.isinf(value))
 
@@ -168,8 +157,8 @@ class _Worker:
         self.adapter = spec.adapter(spec, self.rank, self.size, sdl.local_rank())
 
         start, history = self._load_checkpoint() if self.rank == 0 else (0, {})
-        self.start_epoch, self.history = _broadcast_object(sdl, (start, history), 0,
-                                                           "estimator.resume")
+        self.start_epoch, self.history = sdl.broadcast_object((start, history), 0,
+                                                              name="estimator.resume")
         self.adapter.broadcast_state(root_rank=0)
 
         self.train_loader = self._loader("train", spec.batch_size, spec.train_threads)
