@@ -46,7 +46,7 @@ import re
 from typing import Dict, Mapping, Optional, Tuple
 
 __all__ = ["Knob", "TYPES", "SCOPES", "LAUNCHER_INPUTS", "PLATFORM_INPUTS", "parse", "table",
-           "value", "describe", "describe_inputs"]
+           "value", "describe", "describe_inputs", "example_env"]
 
 TYPES = ("bool", "int", "double", "duration", "string", "enum")
 SCOPES = ("core", "launcher", "both")
