@@ -32,5 +32,5 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 echo "setup: installing Python dependencies (torch pinned by constraints.txt)"
 .venv/bin/python -m pip install -q -c constraints.txt torch numpy
 echo "setup: building spark_dl (native core) in editable mode"
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[torch,spark,test,mpi]"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[torch,spark,test,mpi,keras,lightning]"
 .venv/bin/python -c "import spark_dl._core as c; print('setup: spark_dl core built:', c.build_info())"

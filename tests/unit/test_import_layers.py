@@ -32,10 +32,15 @@ LAYERS: Dict[str, int] = {
     "spark_dl.common": 2,            # framework-neutral runtime over _core
     "spark_dl.numpy": 3,             # framework bindings ...
     "spark_dl.torch": 3,
+    "spark_dl.tensorflow": 3,        # TensorFlow ops (tf.function-safe) over DLPack
     "spark_dl.runner": 3,            # ... and sdlrun with the rendezvous server
+    "spark_dl.keras": 4,             # Keras 3 over spark_dl.tensorflow or spark_dl.torch
+    "spark_dl.lightning": 4,         # the Lightning strategy over spark_dl.torch
     "spark_dl.spark.launch": 4,      # spark_dl.spark.run: driver, tasks, services, MPI
     "spark_dl.spark.common": 5,      # the framework-neutral estimator layer
-    "spark_dl.spark.torch": 6,       # per-framework estimators (keras, lightning: here)
+    "spark_dl.spark.torch": 6,       # per-framework estimators
+    "spark_dl.spark.keras": 6,
+    "spark_dl.spark.lightning": 6,
 }
 
 # Public names that only re-export from below (exact modules, not prefixes): the top.
@@ -43,6 +48,7 @@ FACADES: Dict[str, int] = {
     "spark_dl": 9,                   # the package itself
     "spark_dl.spark": 9,             # ``spark_dl.spark.run`` (lazy)
     "spark_dl.spark.task": 9,        # Horovod's name for get_available_devices
+    "spark_dl.tensorflow.keras": 9,  # Horovod's path for spark_dl.keras
 }
 
 # (importer, imported) pairs exempt from both rules, each with the reason. Keep it empty.
