@@ -227,7 +227,7 @@ def process_sets():
         h = sdl.allreduce_async(np.array([float(rank)]), op=sdl.Sum, name="e", process_set=evens)
         out["evens"] = float(h.wait(timeout=30)[0])
         out["evens_gather"] = sdl.allgather(np.array([rank]), process_set=evens).tolist()
-        out["evens_bcast"] = sdl.broadcast(np.array([rank]), root_rank=evens.size() - 1,
+        out["evens_bcast"] = sdl.broadcast(np.array([rank]), root_rank=evens.ranks[-1],
                                            process_set=evens).tolist()
     else:
         try:
@@ -392,7 +392,7 @@ def objects():
     if rank % 2:
         out["odd_gather"] = sdl.allgather_object(rank, process_set=odd)
         out["odd_bcast"] = sdl.broadcast_object(f"root {rank}" if odd.rank() == 0 else None,
-                                                root_rank=0, process_set=odd)
+                                                root_rank=odd.ranks[0], process_set=odd)
     sdl.barrier()  # the others wait for the set's members before shutting down
     sdl.shutdown()
     return out
@@ -431,3 +431,65 @@ def subset_while_outsider_idles():
         time.sleep(2.0)
     sdl.allreduce(np.ones(1), name="done")
     return {"elapsed": elapsed}
+
+
+def _error(fn):
+    try:
+        fn()
+        return None
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        return f"{type(e).__name__}: {e}"
+
+
+def mismatched_submissions():
+    """Ranks that submit different names fail after SDL_TIMEOUT instead of hanging: cached
+    names (seen before), new names, and names on a process set of non-contiguous ranks."""
+    sdl.init()
+    rank, size = sdl.rank(), sdl.size()
+    out = {}
+    # Cached: both names ran before, so the response cache knows them.
+    for _ in range(2):
+        sdl.allreduce(np.ones(2), name="a")
+        sdl.allreduce(np.ones(2), name="b")
+    start = time.monotonic()
+    out["cached"] = _error(lambda: sdl.allreduce(np.ones(2), name="a" if rank == 0 else "b"))
+    out["cached_s"] = time.monotonic() - start
+    out["after"] = float(sdl.allreduce(np.array([1.0]), op=sdl.Sum, name="after")[0])
+    out["fresh"] = _error(lambda: sdl.allgather(np.ones(2), name=f"fresh.{rank}"))
+    if size == 3:
+        ps = sdl.add_process_set([0, 2])
+        if rank != 1:
+            out["subset"] = _error(lambda: sdl.allreduce(np.ones(2), name=f"sub.{rank}",
+                                                         process_set=ps))
+            out["subset_after"] = float(sdl.allreduce(np.array([1.0]), op=sdl.Sum, name="s",
+                                                      process_set=ps)[0])
+    sdl.barrier()
+    return out
+
+
+def interrupted_wait():
+    """A wait blocked on a silent peer is interrupted by a signal handler's exception; the
+    handle stays pending and completes once the peer submits."""
+    sdl.init()
+    rank = sdl.rank()
+    if rank == 0:
+        class Interrupted(Exception):
+            pass
+
+        def on_alarm(signum, frame):
+            raise Interrupted()
+
+        signal.signal(signal.SIGALRM, on_alarm)
+        h = sdl.allreduce_async(np.ones(2), op=sdl.Sum, name="late")
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        start = time.monotonic()
+        try:
+            h.wait()
+            res = {"interrupted": False}
+        except Interrupted:
+            res = {"interrupted": True, "after_s": time.monotonic() - start}
+        sdl.broadcast(np.zeros(1), root_rank=0, name="go")  # tells rank 1 to submit
+        res["value"] = h.wait(30).tolist()
+        return res
+    sdl.broadcast(np.zeros(1), root_rank=0, name="go")
+    return {"value": sdl.allreduce(np.ones(2), op=sdl.Sum, name="late").tolist()}

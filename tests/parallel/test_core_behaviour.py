@@ -151,3 +151,32 @@ def test_subset_ops_stay_fast_while_an_outsider_idles():
     res = run_ranks("core_workers:subset_while_outsider_idles", 3, timeout=60)
     for r in res[:2]:
         assert r["elapsed"] < 1.5, r
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_mismatched_submissions_fail_after_the_timeout(np_):
+    res = run_ranks("core_workers:mismatched_submissions", np_, env={"SDL_TIMEOUT": "2"},
+                    timeout=90)
+    for rank, r in enumerate(res):
+        mine, theirs = ("a", "b") if rank == 0 else ("b", "a")
+        assert r["cached"].startswith("MismatchError"), r
+        assert f"allreduce of tensor '{mine}'" in r["cached"], r
+        assert f"waits on '{theirs}'" in r["cached"], r
+        assert "SDL_TIMEOUT" in r["cached"], r
+        assert 1.5 < r["cached_s"] < 20, r
+        assert r["after"] == float(np_)
+        assert r["fresh"].startswith("MismatchError") and f"'fresh.{rank}'" in r["fresh"], r
+        others = [f"'fresh.{q}'" for q in range(np_) if q != rank]
+        assert all(o in r["fresh"] for o in others), r
+        if np_ == 3 and rank != 1:
+            other = 2 - rank
+            assert r["subset"].startswith("MismatchError"), r
+            assert f"'sub.{rank}'" in r["subset"] and f"rank {other} waits on 'sub.{other}'" \
+                in r["subset"], r
+            assert r["subset_after"] == 2.0
+
+
+def test_blocked_wait_is_interruptible():
+    res = run_ranks("core_workers:interrupted_wait", 2, timeout=60)
+    assert res[0]["interrupted"] and res[0]["after_s"] < 3, res
+    assert res[0]["value"] == res[1]["value"] == [2.0, 2.0]

@@ -156,6 +156,7 @@ void CoordinatorAdd(ProcessSet& ps, int member, std::vector<Request> reqs, bool 
       PendingName p;
       p.reqs.resize(ps.size());
       p.have.assign(ps.size(), false);
+      p.when.assign(ps.size(), 0.0);
       p.first_seen = NowSeconds();
       it = c.table.emplace(r.name, std::move(p)).first;
       c.order.push_back(r.name);
@@ -163,19 +164,91 @@ void CoordinatorAdd(ProcessSet& ps, int member, std::vector<Request> reqs, bool 
     PendingName& p = it->second;
     if (!p.have[member]) {
       p.have[member] = true;
+      p.when[member] = NowSeconds();
       ++p.count;
     }
     p.reqs[member] = std::move(r);
   }
 }
 
+namespace {
+
+bool Complete(const ProcessSet& ps, const PendingName& p) {
+  bool complete = p.count > 0;
+  for (int i = 0; i < ps.size(); ++i) complete &= p.have[i] || ps.coord.joined[i];
+  return complete;
+}
+
+// Names that can never complete, with their errors: each waited longer than
+// mismatch_s, and every member missing from it (not joined) has waited longer
+// than mismatch_s on other incomplete names of its own. Decided for every name
+// before any is removed, so the names on both sides of a mismatch fail together.
+std::map<std::string, std::string> Unmatchable(const ProcessSet& ps, double mismatch_s,
+                                               double now) {
+  std::map<std::string, std::string> out;
+  if (mismatch_s <= 0) return out;
+  const Coordinator& c = ps.coord;
+  std::vector<std::vector<std::string>> waiting(ps.size());  // member -> its long-waiting names
+  for (const std::string& name : c.order) {
+    auto it = c.table.find(name);
+    if (it == c.table.end() || Complete(ps, it->second)) continue;
+    for (int i = 0; i < ps.size(); ++i)
+      if (it->second.have[i] && now - it->second.when[i] > mismatch_s) waiting[i].push_back(name);
+  }
+  for (const std::string& name : c.order) {
+    auto it = c.table.find(name);
+    if (it == c.table.end()) continue;
+    const PendingName& p = it->second;
+    if (Complete(ps, p) || p.count == 0 || now - p.first_seen <= mismatch_s) continue;
+    std::vector<int> have, missing;
+    std::string others;
+    bool stuck = true;
+    for (int i = 0; i < ps.size() && stuck; ++i) {
+      if (p.have[i]) {
+        have.push_back(ps.ranks[i]);
+        continue;
+      }
+      if (c.joined[i]) continue;
+      missing.push_back(ps.ranks[i]);
+      std::vector<std::string> theirs;
+      for (const std::string& n : waiting[i])
+        if (n != name) theirs.push_back(n);
+      if (theirs.empty()) stuck = false;  // silent (or just slow): not a mismatch
+      others += (others.empty() ? "" : "; ") + std::string("rank ") + std::to_string(ps.ranks[i]) +
+                " waits on ";
+      for (size_t k = 0; k < theirs.size() && k < 8; ++k)
+        others += (k ? ", '" : "'") + theirs[k] + "'";
+      if (theirs.size() > 8) others += " and " + std::to_string(theirs.size() - 8) + " more";
+    }
+    if (!stuck || missing.empty()) continue;
+    const Request* any = nullptr;
+    for (int i = 0; i < ps.size() && !any; ++i)
+      if (p.have[i]) any = &p.reqs[i];
+    std::ostringstream msg;
+    msg << "Mismatched submissions: " << OpTypeName(any->op) << " of tensor '" << name
+        << "' (submitted by rank" << (have.size() > 1 ? "s " : " ")
+        << (have.size() > 1 ? RankList(have) : std::to_string(have[0])) << ") cannot complete: "
+        << "for more than " << mismatch_s << " s (SDL_TIMEOUT) rank"
+        << (missing.size() > 1 ? "s " : " ")
+        << (missing.size() > 1 ? RankList(missing) : std::to_string(missing[0]))
+        << " submitted other operations instead (" << others
+        << "). Every rank must submit the same collectives; one rank's script may have "
+           "raised and moved on, or names differ between ranks";
+    out[name] = msg.str();
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold, double stall_s,
-                                       std::vector<std::string>* warnings) {
+                                       double mismatch_s, std::vector<std::string>* warnings) {
   const double now = NowSeconds();
   Coordinator& c = ps.coord;
   if (c.joined.empty()) c.joined.assign(ps.size(), false);
   int joined = 0;
   for (bool j : c.joined) joined += j;
+  const std::map<std::string, std::string> unmatchable = Unmatchable(ps, mismatch_s, now);
 
   std::vector<Response> ready;
   std::map<std::string, std::vector<Response>> groups;  // group -> validated members
@@ -185,9 +258,23 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
     auto it = c.table.find(name);
     if (it == c.table.end()) continue;
     PendingName& p = it->second;
-    bool complete = true;
-    for (int i = 0; i < ps.size(); ++i) complete &= p.have[i] || c.joined[i];
-    if (!complete || p.count == 0) {
+    auto bad = unmatchable.find(name);
+    if (bad != unmatchable.end()) {
+      const Request* any = nullptr;
+      for (int i = 0; i < ps.size() && !any; ++i)
+        if (p.have[i]) any = &p.reqs[i];
+      Response r;
+      r.op = any->op;
+      r.dtype = any->dtype;
+      r.names = {name};
+      r.shapes = {any->shape};
+      r.error = bad->second;
+      r.error_code = ErrorCode::kMismatch;
+      ready.push_back(std::move(r));
+      c.table.erase(it);
+      continue;
+    }
+    if (!Complete(ps, p)) {
       if (stall_s > 0 && !p.warned && now - p.first_seen > stall_s) {
         p.warned = true;
         std::vector<int> have, missing;

@@ -30,8 +30,14 @@ void CoordinatorAdd(ProcessSet& ps, int member, std::vector<Request> reqs, bool 
 // Removes and returns every ready name as a validated response, fused.
 // Names that waited longer than stall_s for some members add a line to
 // *warnings naming who submitted them and who did not (once per name).
+// A name that cannot complete fails with a kMismatch response once it has waited
+// longer than mismatch_s (> 0) and every member missing from it has itself waited
+// that long on other names (a rank that is alive but submits different
+// collectives, e.g. after its script raised and moved on): the error names the
+// tensor and the names those members wait on. A silent member is not such a
+// case; its peers' communicator timeout reports it.
 std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold, double stall_s,
-                                       std::vector<std::string>* warnings);
+                                       double mismatch_s, std::vector<std::string>* warnings);
 
 // Merges cached single-name responses of the same group into one response.
 std::vector<Response> MergeGroups(std::vector<Response> ready);

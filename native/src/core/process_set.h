@@ -26,12 +26,14 @@ struct Entry {
   void* out = nullptr;       // caller memory, or null when the core allocates
   int64_t handle = 0;
   bool sent = false;         // already sent to the coordinator
+  double since = 0;          // steady-clock seconds when the background thread took it in
 };
 
 // What the coordinator (member 0) knows of one name across the set's members.
 struct PendingName {
   std::vector<Request> reqs;   // per member (valid where have[i])
   std::vector<bool> have;
+  std::vector<double> when;    // per member: steady-clock seconds its request arrived
   int count = 0;
   double first_seen = 0;       // steady-clock seconds when the first request arrived
   bool warned = false;         // stall warning already logged

@@ -29,6 +29,10 @@ namespace {
 
 constexpr uint64_t kNeedFull = 1, kShutdownFlag = 2, kCoordPending = 4, kJoinedFlag = 8;
 
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 std::string HostIdentity(const std::string& override_id) {
   if (!override_id.empty()) return override_id;
   char buf[256] = {0};
@@ -442,6 +446,7 @@ void Runtime::Intake(ProcessSet& ps) {
       ps.join_handle = e.handle;
       continue;
     }
+    e.since = SteadySeconds();
     ps.pending_order.push_back(e.req.name);
     ps.pending[e.req.name] = std::move(e);
   }
@@ -454,11 +459,16 @@ bool Runtime::Cycle(ProcessSet& ps, bool world) {
   const size_t words = 2 + (cap + 63) / 64;
   std::vector<uint64_t> bits(words, 0);
   uint64_t flags = 0;
+  // A cached name still waiting after kCachedWaitS goes through full negotiation,
+  // so that the coordinator sees it: stall warnings and mismatch errors come from
+  // its table (cache bits alone never show which names the others wait on).
+  constexpr double kCachedWaitS = 1.0;
+  const double now = SteadySeconds();
   for (const std::string& name : ps.pending_order) {
     Entry& e = ps.pending[name];
     if (e.sent) continue;
     int slot = ps.cache.Lookup(e.req);
-    if (slot >= 0) bits[2 + slot / 64] |= uint64_t{1} << (slot % 64);
+    if (slot >= 0 && now - e.since < kCachedWaitS) bits[2 + slot / 64] |= uint64_t{1} << (slot % 64);
     else flags |= kNeedFull;
   }
   if (world && shutdown_requested_.load()) flags |= kShutdownFlag;
@@ -514,7 +524,7 @@ bool Runtime::Cycle(ProcessSet& ps, bool world) {
       }
       std::vector<std::string> warnings;
       std::vector<Response> ready =
-          CoordinatorReady(ps, cfg.fusion_threshold, cfg.stall_warning_s, &warnings);
+          CoordinatorReady(ps, cfg.fusion_threshold, cfg.stall_warning_s, cfg.timeout_s, &warnings);
       for (const std::string& w : warnings) Log(0, "warning: " + w);
       if (cfg.verbose >= 2) {
         for (const Response& r : ready)

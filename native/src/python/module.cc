@@ -334,9 +334,27 @@ NB_MODULE(_core, m) {
   m.def(
       "wait",
       [](int64_t h, double timeout_s) {
+        // In slices, without the GIL, checking for signals between them: Ctrl-C and
+        // pytest-timeout's alarm interrupt a stuck collective (the handle stays pending).
         Runtime& rt = Rt();
-        nb::gil_scoped_release nogil;
-        return rt.handles().Wait(h, timeout_s);
+        constexpr double kSliceS = 0.05;
+        const auto start = std::chrono::steady_clock::now();
+        while (true) {
+          double slice = kSliceS;
+          if (timeout_s >= 0) {
+            double left = timeout_s - std::chrono::duration<double>(
+                                          std::chrono::steady_clock::now() - start).count();
+            if (left <= 0) return rt.handles().Poll(h);
+            slice = std::min(slice, left);
+          }
+          bool done;
+          {
+            nb::gil_scoped_release nogil;
+            done = rt.handles().Wait(h, slice);
+          }
+          if (done) return true;
+          if (PyErr_CheckSignals() != 0) throw nb::python_error();
+        }
       },
       "handle"_a, "timeout_s"_a = -1.0);
   m.def("take", &Take);
