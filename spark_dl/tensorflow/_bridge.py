@@ -1,0 +1,127 @@
+"""The one place where TensorFlow tensors meet the core.
+
+Every collective of :mod:`spark_dl.tensorflow` is a single ``tf.numpy_function`` op:
+TensorFlow hands the op's inputs over as NumPy arrays (no copy for CPU tensors), the
+Python body submits every tensor of the op to the core, waits for all of them and
+returns NumPy arrays, which TensorFlow takes as the op's outputs. The same op runs
+eagerly and inside ``tf.function``; nothing is compiled against TensorFlow.
+
+Why ``numpy_function`` and not ``py_function`` + DLPack: both cross the same Python
+boundary once per op, but ``py_function`` wraps every input in an EagerTensor and every
+output must be converted back through ``from_dlpack``, which measured slower per tensor
+(docs/keras.md, "Overhead"). bfloat16 has no NumPy dtype the core accepts, so it
+travels as float32 (cast in TensorFlow on both sides of the op).
+
+Ordering: the ops are stateful, so ``tf.function`` keeps them in program order (its
+automatic control dependencies), and every rank submits its collectives in the same
+order, as the core requires. Unnamed operations get their names when they run, from
+counters per operation kind, so retracing on one rank only cannot make names diverge.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from spark_dl.common import ops as _ops
+from spark_dl.common.exceptions import InvalidArgumentError
+from spark_dl.common.handles import CompositeHandle
+
+__all__ = ["call", "run_collective", "XLA_MESSAGE"]
+
+XLA_MESSAGE = (
+    "spark_dl's TensorFlow collectives cannot run inside an XLA-compiled function "
+    "(jit_compile=True): XLA cannot call back into Python. Compile without XLA: "
+    "model.compile(..., jit_compile=False) for Keras, tf.function(jit_compile=False) otherwise.")
+
+try:  # TensorFlow-internal, stable since TF 1.x; without it the check is skipped.
+    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla
+except ImportError:  # pragma: no cover
+    _in_xla = None
+
+
+def _check_not_xla():
+    if _in_xla is not None and not tf.executing_eagerly() and _in_xla(
+            tf.compat.v1.get_default_graph()):
+        raise InvalidArgumentError(XLA_MESSAGE)
+
+
+def _wait(handles, name):
+    return CompositeHandle(handles, list, name).wait()
+
+
+def _np(a):
+    # numpy_function gives 0-d inputs as NumPy scalars on some paths.
+    return np.asarray(a, order="C")
+
+
+def _from(outputs):
+    return np.from_dlpack(_ops.DLPackTensor(outputs[0]))
+
+
+def run_collective(kind, arrays, names, group, process_set, **kw):
+    """Submits one operation of ``kind`` per array (NumPy side) and returns the results.
+
+    With ``group`` set (a grouped operation) the members are negotiated and fused as one unit.
+    """
+    handles = []
+    gsize = len(arrays) if group else 0
+    for a, name in zip(arrays, names):
+        a = _np(a)
+        if kind in ("allreduce", "broadcast"):
+            out = np.empty_like(a) if kind == "allreduce" else a.copy()
+            h = _ops.submit(kind, name, a, out, finish=lambda o, i, out=out: out,
+                            process_set=process_set, group=group or "", group_size=gsize, **kw)
+        elif kind == "alltoall":
+            splits = kw.pop("splits")
+            h = _ops.submit(kind, name, a, splits=splits, process_set=process_set,
+                            finish=lambda o, i: (_from(o), np.asarray(i, dtype=np.int32)), **kw)
+        else:  # allgather, reducescatter: the core allocates the output
+            h = _ops.submit(kind, name, a, finish=lambda o, i: _from(o),
+                            process_set=process_set, group=group or "", group_size=gsize, **kw)
+        handles.append(h)
+    return _wait(handles, group or (names[0] if names else kind))
+
+
+def _wire(t):
+    t = tf.convert_to_tensor(t)
+    return (tf.cast(t, tf.float32), t.dtype) if t.dtype == tf.bfloat16 else (t, None)
+
+
+def call(body, tensors, out_dtypes=None, out_shapes=None, op_name="SdlCollective"):
+    """Runs ``body(*numpy arrays) -> list of arrays`` as one TensorFlow op over ``tensors``.
+
+    Args:
+        body: the NumPy-side function (it talks to the core).
+        tensors: the op's inputs (converted with ``tf.convert_to_tensor``).
+        out_dtypes: dtypes of the outputs (default: the inputs' dtypes).
+        out_shapes: static shapes to set on the outputs (default: the inputs'; use
+            ``None`` entries for outputs whose first dimension is data-dependent).
+
+    Returns:
+        The list of output tensors.
+    """
+    _check_not_xla()
+    wired = [_wire(t) for t in tensors]
+    inputs = [w[0] for w in wired]
+    if out_dtypes is None:
+        out_dtypes = [t.dtype for t in inputs]
+        restore = [w[1] for w in wired]
+    else:
+        restore = [None] * len(out_dtypes)
+        out_dtypes = list(out_dtypes)
+        for i, dt in enumerate(out_dtypes):
+            if dt == tf.bfloat16:
+                out_dtypes[i], restore[i] = tf.float32, tf.bfloat16
+    def _body(*arrays):
+        outs = body(*arrays)
+        # numpy_function checks the dtypes exactly: scalars come back as 0-d arrays.
+        return [np.asarray(o, dtype=dt.as_numpy_dtype) for o, dt in zip(outs, out_dtypes)]
+
+    outs = tf.numpy_function(_body, inputs, out_dtypes, stateful=True, name=op_name)
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    outs = list(outs)
+    shapes = out_shapes if out_shapes is not None else [t.shape for t in inputs]
+    for o, s in zip(outs, shapes):
+        if s is not None:
+            o.set_shape(s)
+    return [o if r is None else tf.cast(o, r) for o, r in zip(outs, restore)]

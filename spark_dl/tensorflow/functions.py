@@ -1,0 +1,34 @@
+"""Variables and Python objects between ranks: ``broadcast_variables``, ``broadcast_object``,
+``allgather_object``."""
+
+import tensorflow as tf
+
+from spark_dl.common.objects import allgather_object, broadcast_object  # noqa: F401
+from spark_dl.common.process_sets import global_process_set
+from spark_dl.tensorflow.mpi_ops import _broadcast_raw, _check_root
+
+__all__ = ["broadcast_variables", "broadcast_object", "allgather_object"]
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False,
+                        name=None):
+    """Overwrites every variable with ``root_rank``'s value (one op for all of them).
+
+    Args:
+        variables: ``tf.Variable`` or Keras 3 variables, in the same order on every rank.
+        root_rank: the rank within ``process_set`` whose values everyone takes.
+        inplace: accepted for Horovod compatibility (the assignment is always in place).
+
+    Returns:
+        None when run eagerly; inside ``tf.function`` the grouped assignment op.
+    """
+    _check_root(root_rank, process_set)
+    variables = list(variables)
+    if not variables:
+        return None
+    values = _broadcast_raw([tf.convert_to_tensor(v) for v in variables], root_rank,
+                            name or "broadcast_variables", process_set)
+    assigns = [v.assign(x) for v, x in zip(variables, values)]
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*[a for a in assigns if a is not None])
