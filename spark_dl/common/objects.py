@@ -10,6 +10,7 @@ import cloudpickle
 import numpy as np
 
 from spark_dl.common import ops
+from spark_dl.common.basics import rank as _global_rank
 from spark_dl.common.handles import synchronize
 from spark_dl.common.process_sets import global_process_set
 
@@ -35,12 +36,13 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
     Args:
         obj: any object cloudpickle can serialize (only the root's is used).
-        root_rank: the rank within ``process_set`` that sends.
+        root_rank: the global rank that sends (a member of ``process_set``).
         name: names the two underlying broadcasts (default ``broadcast_object``; the
             same on every rank whatever ``obj`` is there, so non-root ranks may pass None).
     """
     name = name or "broadcast_object"
-    is_root = ops.set_rank(process_set) == root_rank
+    ops.root_index(root_rank, process_set)  # checked before anything is sent
+    is_root = _global_rank() == root_rank
     payload = _dumps(obj) if is_root else None
     length = np.array([payload.size if is_root else 0], dtype=np.int64)
     _broadcast_(length, root_rank, f"{name}.size", process_set)

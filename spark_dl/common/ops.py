@@ -10,6 +10,7 @@ rank within a process set, and alltoall's default splits.
 
 import collections
 import itertools
+import operator
 
 from spark_dl import _core
 from spark_dl.common.basics import rank as _global_rank
@@ -19,7 +20,8 @@ from spark_dl.common.handles import Handle
 from spark_dl.common.process_sets import global_process_set
 
 __all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "resolve_op", "auto_name",
-           "group_name", "set_size", "set_rank", "even_splits", "submit", "DLPackTensor"]
+           "group_name", "set_size", "set_rank", "set_ranks", "root_index", "even_splits", "submit",
+           "DLPackTensor"]
 
 Average = _core.REDUCE_OPS["Average"]
 Sum = _core.REDUCE_OPS["Sum"]
@@ -66,6 +68,42 @@ def set_rank(process_set):
     if process_set is None or process_set is global_process_set:
         return _global_rank()
     return process_set.rank()
+
+
+def set_ranks(process_set):
+    """The global ranks of ``process_set``'s members, ascending."""
+    if process_set is None or process_set is global_process_set:
+        return list(range(_global_size()))
+    process_set._require_registered()
+    return list(process_set.ranks)
+
+
+def root_index(root_rank, process_set):
+    """The core's root for ``root_rank``: its index among ``process_set``'s members.
+
+    ``root_rank`` is a *global* rank, as in Horovod and ``torch.distributed``
+    (``broadcast(t, root_rank=2, process_set=ProcessSet([0, 2]))`` sends rank 2's
+    tensor). Every API with a root goes through :func:`submit`, which calls this.
+
+    Raises:
+        InvalidArgumentError: ``root_rank`` is not an integer, or not a member of the set.
+    """
+    try:
+        r = operator.index(root_rank)
+    except TypeError:
+        raise InvalidArgumentError(f"root_rank must be an integer (a global rank), got "
+                                   f"{type(root_rank).__name__} {root_rank!r}") from None
+    ranks = set_ranks(process_set)
+    global_set = process_set is None or process_set is global_process_set
+    if global_set and 0 <= r < len(ranks):
+        return r
+    if not global_set and r in ranks:
+        return ranks.index(r)
+    what = "the global process set" if global_set else \
+        f"process set {process_set.process_set_id}"
+    raise InvalidArgumentError(
+        f"root_rank {r} is outside {what}, whose global ranks are {ranks}; root_rank is a "
+        "global rank (as in Horovod), and the root must be a member of the process set")
 
 
 def even_splits(rows, n):
@@ -137,11 +175,14 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
             'barrier' or 'join'.
         tensor / output: DLPack-capable CPU arrays (output written in place).
         op: a reduce op checked by :func:`resolve_op` (allreduce, reducescatter).
+        root: broadcast's root, a *global* rank (see :func:`root_index`).
         keep: more objects to keep alive until the handle completes.
         finish: ``finish(outputs, ints)`` builds the result from the core's
             DLPack outputs and integer results.
     """
     ps_id = _ps_id(process_set)
+    if kind == "broadcast":
+        root = root_index(root, process_set)
     name = name or auto_name(kind, ps_id)
     try:
         hid = _core.enqueue(OP[kind], name, tensor, output, ps_id, int(op),

@@ -114,8 +114,7 @@ def allgather(tensor, name=None, process_set=global_process_set):
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns a new array holding ``root_rank``'s ``tensor`` on every rank.
 
-    ``root_rank`` is a rank of the process set (its index in ``process_set.ranks``
-    for a subset; the global rank for the global set).
+    ``root_rank`` is a global rank, a member of ``process_set`` (as in Horovod).
     """
     arr = _as_array(tensor)
     out = arr.copy()

@@ -242,7 +242,9 @@ def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
     """Starts copying ``root_rank``'s ``tensor`` to every member; the result is a new tensor.
 
-    ``root_rank`` is a rank within ``process_set`` (for the global set, the rank).
+    ``root_rank`` is a global rank, a member of ``process_set`` (as in Horovod and
+    ``torch.distributed``); another rank raises :class:`InvalidArgumentError` naming the
+    set's ranks.
     """
     src = _source(tensor)
     out = torch.empty_like(src)

@@ -6,13 +6,15 @@
 """
 
 import collections
+import warnings
 
 import torch
 
 from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import synchronize
 from spark_dl.common.objects import allgather_object, broadcast_object
-from spark_dl.common.ops import set_rank
+from spark_dl.common.basics import rank as _global_rank
+from spark_dl.common.ops import root_index
 from spark_dl.common.process_sets import global_process_set
 from spark_dl.torch._async_ops import broadcast_async_
 
@@ -32,7 +34,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         params: a dict of name -> tensor (``model.state_dict()``), or a list
             (or other iterable) of tensors or of ``(name, tensor)`` pairs
             (``model.named_parameters()``).
-        root_rank: the rank (within ``process_set``) whose values win.
+        root_rank: the global rank whose values win (a member of ``process_set``).
         process_set: the ranks taking part.
 
     Raises:
@@ -106,14 +108,25 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     :class:`~spark_dl.torch.optimizer.DistributedOptimizer`), whatever its state
     holds: the structure of the root's ``state_dict()`` travels as one pickled
     object and its tensors by in-place broadcast. Ranks whose state is still
-    empty receive the root's; if the root's state is empty, every rank's
-    becomes empty. No optimizer step is taken (Horovod runs one with zero
-    gradients to create the state; see docs/torch.md).
+    empty receive the root's.
+
+    As in Horovod, a root whose state is still empty (a new optimizer) first
+    creates it with one step on zero gradients (for parameters whose ``.grad`` is
+    None too), so every rank starts from the same materialized state (Adam's
+    ``step`` is then 1, as in Horovod). Unlike Horovod, that step leaves the
+    parameters and gradients as they were (a weight decay would otherwise move
+    them). An optimizer whose ``step`` needs a closure (LBFGS) keeps its empty state.
 
     The model's parameters are not touched: call :func:`broadcast_parameters` for them.
+
+    Args:
+        root_rank: the global rank whose state wins (a member of ``process_set``).
     """
+    root_index(root_rank, process_set)  # checked on every rank before anything is sent
+    is_root = _global_rank() == root_rank
+    if is_root and not optimizer.state and not isinstance(optimizer, torch.optim.LBFGS):
+        _materialize_state(optimizer)
     state = optimizer.state_dict()
-    is_root = set_rank(process_set) == root_rank
     tensors = []
     skeleton = _split_tensors(state, tensors) if is_root else None
     skeleton = broadcast_object(skeleton, root_rank, name="broadcast_optimizer_state.structure",
@@ -146,3 +159,32 @@ def _collect_slots(obj, out):
 
     walk(obj)
     out.extend(sorted(found, key=lambda s: s.index))
+
+
+def _materialize_state(optimizer):
+    """One step of ``optimizer``'s own update on zero gradients, creating its state;
+    parameters and gradients are restored afterwards."""
+    params = [p for group in optimizer.param_groups for p in group["params"]
+              if isinstance(p, torch.Tensor) and p.requires_grad]
+    saved = [(p, p.detach().clone(), p.grad) for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    # A DistributedOptimizer's step() would allreduce, which only this rank runs:
+    # take the wrapped optimizer's step.
+    from spark_dl.torch.optimizer import _DistributedOptimizer
+
+    step = super(_DistributedOptimizer, optimizer).step \
+        if isinstance(optimizer, _DistributedOptimizer) else optimizer.step
+    try:
+        with torch.no_grad():
+            step()
+    except Exception as e:  # noqa: BLE001 - e.g. LBFGS needs a closure: keep the empty state
+        optimizer.state.clear()
+        warnings.warn(f"broadcast_optimizer_state: could not create the state of "
+                      f"{type(optimizer).__name__} with a zero-gradient step ({e}); broadcasting "
+                      "its empty state", stacklevel=3)
+    finally:
+        with torch.no_grad():
+            for p, value, grad in saved:
+                p.copy_(value)
+                p.grad = grad

@@ -4,9 +4,18 @@ The blocking collectives that return a new tensor (``allreduce``,
 ``grouped_allreduce``, ``allgather``, ``grouped_allgather``, ``broadcast``,
 ``alltoall``, ``reducescatter``, ``grouped_reducescatter``) are autograd
 functions: when their input requires grad, ``backward`` runs the adjoint
-collective on every rank. Gradients are those of the sum of every rank's
-loss, so every rank must run the backward pass (as in the forward pass, every
-member of the process set must take part).
+collective on every member of the process set, so every member must run the
+backward pass. The gradients follow Horovod's conventions (the loss is taken
+as averaged over the set's ranks; docs/torch.md has the table):
+
+* ``allreduce`` (Sum, Average): the same reduction, scale factors included, of
+  the output gradients;
+* ``broadcast``: the set-average of the output gradients on the root, zeros elsewhere;
+* ``allgather`` / ``grouped_allgather``: this rank's rows of the set-average
+  of the output gradients;
+* ``reducescatter`` / ``grouped_reducescatter``: the allgather of the output
+  gradients, times the set size for Sum, times the pre- and post-scale factors;
+* ``alltoall``: the output gradients sent back where their rows came from.
 
 The in-place forms (``allreduce_``, ``broadcast_``, ...) and the ``*_async``
 forms do not record autograd history, as in Horovod.
@@ -192,10 +201,10 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         rows, name, process_set = ctx.args
-        summed = synchronize(allreduce_async(grad.contiguous(), name=_grad_name(name), op=Sum,
-                                             process_set=process_set))
+        averaged = synchronize(allreduce_async(grad.contiguous(), name=_grad_name(name),
+                                               op=Average, process_set=process_set))
         offset, = _offsets([rows], _grad_name(name, "grad.rows"), process_set)
-        return summed.narrow(0, offset, rows), None, None
+        return averaged.narrow(0, offset, rows), None, None
 
 
 class _GroupedAllgather(torch.autograd.Function):
@@ -207,15 +216,16 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         rows, name, process_set = ctx.args
-        summed = synchronize(grouped_allreduce_async([g.contiguous() for g in grads],
-                                                     name=_grad_name(name), op=Sum,
-                                                     process_set=process_set))
+        averaged = synchronize(grouped_allreduce_async([g.contiguous() for g in grads],
+                                                       name=_grad_name(name), op=Average,
+                                                       process_set=process_set))
         offsets = _offsets(rows, _grad_name(name, "grad.rows"), process_set)
-        return (None, None) + tuple(s.narrow(0, o, r) for s, o, r in zip(summed, offsets, rows))
+        return (None, None) + tuple(a.narrow(0, o, r) for a, o, r in zip(averaged, offsets, rows))
 
 
 def allgather(tensor, name=None, process_set=global_process_set):
-    """Concatenates every member's ``tensor`` along dimension 0 (differentiable).
+    """Concatenates every member's ``tensor`` along dimension 0 (differentiable: the
+    gradient is this rank's rows of the set-average of the output gradients).
 
     First dimensions may differ between ranks; the other dimensions and the
     dtype must match.
@@ -239,16 +249,19 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         root_rank, name, process_set = ctx.args
-        summed = synchronize(allreduce_async(grad.contiguous(), name=_grad_name(name), op=Sum,
-                                             process_set=process_set))
-        if set_rank(process_set) != root_rank:
-            summed.zero_()
-        return summed, None, None, None
+        averaged = synchronize(allreduce_async(grad.contiguous(), name=_grad_name(name),
+                                               op=Average, process_set=process_set))
+        if rank() != root_rank:
+            averaged.zero_()
+        return averaged, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """Returns ``root_rank``'s ``tensor`` on every member (a new tensor; differentiable:
-    the root receives the sum of every rank's gradient, the others zeros)."""
+    the root receives the set-average of the output gradients, the others zeros).
+
+    ``root_rank`` is a global rank, a member of ``process_set`` (as in Horovod).
+    """
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
@@ -293,7 +306,8 @@ def _scatter_grads(grads, op, prescale, postscale, name, process_set):
         raise NotImplementedError("reducescatter has gradients for op=Sum and op=Average only")
     gathered = synchronize(grouped_allgather_async([g.contiguous() for g in grads], name=name,
                                                    process_set=process_set))
-    factor = prescale * postscale / (set_size(process_set) if op == Average else 1)
+    # Horovod's convention: Sum's gradient is scaled by the set size, Average's is not.
+    factor = prescale * postscale * (set_size(process_set) if op == Sum else 1)
     return [g * factor if factor != 1.0 else g for g in gathered]
 
 
@@ -327,9 +341,11 @@ class _GroupedReducescatter(torch.autograd.Function):
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
                   process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduces ``tensor`` over the set; returns this rank's slice of dimension 0 (differentiable).
+    """Reduces ``tensor`` over the set; returns this rank's slice of dimension 0.
 
     Rows are divided as evenly as possible, the first ``rows % size`` ranks getting one more.
+    Differentiable (op Sum or Average): the gradient is the allgather of the output
+    gradients, times the set size for Sum, times ``prescale_factor * postscale_factor``.
     """
     op = resolve_op(None, op)
     compressed, ctx = compression.compress(tensor)

@@ -1,6 +1,6 @@
 """Gradients of the collectives (allreduce, allgather, broadcast, alltoall, reducescatter and
-their grouped forms), SyncBatchNorm against BatchNorm on the union of the batches, and join,
-on 2 and 3 ranks."""
+their grouped forms) in Horovod's conventions, globally and on a process set, SyncBatchNorm
+against BatchNorm on the union of the batches, and join, on 2 and 3 ranks."""
 
 import pytest
 
@@ -13,8 +13,12 @@ CASES = [
     "allreduce-Sum-1.0-1.0", "allreduce-Average-1.0-1.0", "allreduce-Sum-2.0-3.0",
     "allreduce-Average-0.5-4.0", "allreduce-Max", "grouped_allreduce-Sum", "allgather",
     "grouped_allgather", "broadcast-root0", "alltoall", "reducescatter-Sum",
-    "reducescatter-Average", "grouped_reducescatter", "sync_bn-3d-even", "sync_bn-4d-uneven",
-    "sync_bn-2d-no_affine",
+    "reducescatter-Average", "reducescatter-Sum-2.0-0.5", "reducescatter-Average-3.0-2.0",
+    "grouped_reducescatter", "sync_bn-3d-even", "sync_bn-4d-uneven", "sync_bn-2d-no_affine",
+    # on a process set of non-contiguous global ranks ({0, 2} of 3), root its last member
+    "set-allreduce-Average", "set-allgather", "set-grouped_allgather", "set-broadcast",
+    "set-broadcast_", "set-reducescatter-Sum", "set-reducescatter-Average",
+    "set-grouped_reducescatter", "set-alltoall",
 ]
 
 

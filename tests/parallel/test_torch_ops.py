@@ -29,10 +29,11 @@ def test_process_sets_through_torch_api():
         r = res[rank]
         assert r["sum"] == [2.0]
         assert r["gather"] == [0, 2]
-        assert r["bcast"] == [2]  # root_rank=1 is the set's second member: global rank 2
+        assert r["bcast"] == [2]  # root_rank is a global rank (Horovod's meaning)
         assert r["object"] == "from 2"
+        assert "InvalidArgumentError" in r["outside_root"] and "[0, 2]" in r["outside_root"]
         assert r["objects"] == [0, 2]
-        assert r["gather_grad"] == [2.0]  # both members' losses use this rank's row
+        assert r["gather_grad"] == [1.0]  # average over the 2 members' losses of this rank's row
         # gradients averaged over ranks 0 and 2 only: (1 + 9) / 2
         assert r["weight_delta"][0] == pytest.approx([5.0, 5.0], rel=1e-6)
     assert set(res[1]) == {"weight_delta"}

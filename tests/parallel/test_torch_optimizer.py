@@ -44,7 +44,12 @@ def test_broadcast_optimizer_state(optimizer, scenario):
     summary = res["summary"]
     assert summary["groups"][0]["lr"] == 0.01  # the root's (rank 1 had 0.02)
     if scenario in ("other_ahead", "both_empty"):
-        assert summary["state"] == {}  # the root's state was empty: so is everyone's
+        # The root's state was empty: created by a zero-gradient step, as in Horovod.
+        assert len(summary["state"]) == 6  # every parameter, the unused branch's too
+        if optimizer == "adam":
+            assert {s["step"] for s in summary["state"].values()} == {1.0}
+        else:
+            assert all(not any(_flat(s["momentum_buffer"])) for s in summary["state"].values())
     else:
         assert summary["state"], "the root's state did not arrive"
         if optimizer == "adam":
@@ -52,9 +57,35 @@ def test_broadcast_optimizer_state(optimizer, scenario):
             assert steps == ({2.0} if scenario == "root_ahead" else {1.0})
 
 
+def _flat(v):
+    return [x for row in v for x in _flat(row)] if isinstance(v, list) else [v]
+
+
 def test_broadcast_through_distributed_optimizer():
     res = _same_on_both_ranks("distributed_adam")
-    assert {s["step"] for s in res["summary"]["state"].values()} == {2.0}
+    # one zero-gradient step creating the state (as Horovod), then two real ones
+    assert {s["step"] for s in res["summary"]["state"].values()} == {3.0}
+
+
+def test_broadcasts_take_global_roots_on_process_sets():
+    res = run_ranks("torch_workers:broadcast_on_sets", 3, timeout=120)
+    assert res[1]["none_grad_is_none"]
+    assert res[0]["global"] == res[1]["global"] == res[2]["global"]
+    state = res[0]["global"]
+    assert state["groups"][0]["lr"] == 0.02  # rank 1's
+    assert len(state["state"]) == 4  # fc1 and fc2; the extra branch never had a gradient
+    a, c = res[0], res[2]
+    assert set(res[1]) == {"none_grad_is_none", "global"}
+    for r in (a, c):
+        assert r["params_kept"] and r["grads_kept"], r
+        assert "InvalidArgumentError" in r["set_bad_root"] and "[0, 2]" in r["set_bad_root"]
+        assert "InvalidArgumentError" in r["set_bad_root_object"]
+        assert r["set_object"] == "from 2"
+        assert r["set_async"] == [2.0]
+    assert a["set_state"] == c["set_state"]
+    assert {s["step"] for s in a["set_state"]["state"].values()} == {1.0}
+    assert len(a["set_state"]["state"]) == 6
+    assert a["set_params"] == c["set_params"]
 
 
 def test_broadcast_and_allgather_object():

@@ -237,9 +237,11 @@ def _process_set_checks(rank, size):
         got = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum, process_set=evens)
         out["sum"] = got.tolist()
         out["gather"] = hvd.allgather(torch.tensor([rank]), process_set=evens).tolist()
-        out["bcast"] = hvd.broadcast(torch.tensor([rank]), root_rank=1,
+        out["bcast"] = hvd.broadcast(torch.tensor([rank]), root_rank=2,
                                      process_set=evens).tolist()
-        out["object"] = hvd.broadcast_object(f"from {rank}", root_rank=1, process_set=evens)
+        out["object"] = hvd.broadcast_object(f"from {rank}", root_rank=2, process_set=evens)
+        out["outside_root"] = _error_text(lambda: hvd.broadcast(torch.tensor([rank]),
+                                                                root_rank=1, process_set=evens))
         out["objects"] = hvd.allgather_object(rank, process_set=evens)
         x = torch.tensor([1.0 + rank], requires_grad=True)
         hvd.allgather(x, process_set=evens).sum().backward()
@@ -471,6 +473,47 @@ def broadcast_state():
     return out
 
 
+def broadcast_on_sets():
+    """Roots are global ranks (3 ranks, set {0, 2}, root 2 = not its first member); optimizer
+    state of parameters whose .grad is None; a new optimizer's state materialized on the root
+    without moving its parameters."""
+    hvd.init()
+    rank = hvd.rank()
+    ps = hvd.add_process_set([0, 2])
+    out = {}
+    # Global set, root 1: the root stepped with the extra branch unused (its .grad is None).
+    torch.manual_seed(rank)
+    model = _TwoPath()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1))
+    _local_steps(model, opt, 2 if rank == 1 else 0, seed=rank)
+    out["none_grad_is_none"] = model.extra.weight.grad is None
+    hvd.broadcast_parameters(model.state_dict(), root_rank=1)
+    hvd.broadcast_optimizer_state(opt, root_rank=1)
+    out["global"] = _state_summary(opt)
+    if ps.included():
+        # A new Adam with weight decay on every member: the root's state is created by a
+        # zero-gradient step that must leave its parameters alone.
+        torch.manual_seed(10 + rank)
+        model = _TwoPath()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.Adam(model.parameters(), lr=0.1, weight_decay=0.5)
+        hvd.broadcast_optimizer_state(opt, root_rank=2, process_set=ps)
+        out["params_kept"] = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        out["grads_kept"] = all(p.grad is None for p in model.parameters())
+        out["set_state"] = _state_summary(opt)
+        hvd.broadcast_parameters(model.named_parameters(), root_rank=2, process_set=ps)
+        out["set_params"] = [p.tolist() for p in model.parameters()]
+        out["set_object"] = hvd.broadcast_object(f"from {rank}", root_rank=2, process_set=ps)
+        out["set_bad_root"] = _error_text(
+            lambda: hvd.broadcast_parameters(model.state_dict(), root_rank=1, process_set=ps))
+        out["set_bad_root_object"] = _error_text(
+            lambda: hvd.broadcast_object(1, root_rank=1, process_set=ps))
+        h = hvd.broadcast_async(torch.tensor([float(rank)]), root_rank=2, process_set=ps)
+        out["set_async"] = hvd.synchronize(h).tolist()
+    hvd.barrier()
+    return out
+
+
 # ----------------------------------------------------------------------------- autograd
 
 def _w(seed, shape):
@@ -522,13 +565,14 @@ def _grad_cases(rank, size):
         (e for e in (_err(x.grad, sum(_w(q * 10 + k, (k + 1, 2)) for q in ranks))
                      for k, x in enumerate(xs)) if e), None)
 
-    # allgather with uneven rows: the gradient of rank r's rows, summed over every loss
+    # allgather with uneven rows: rank r's rows of the average over ranks (Horovod's convention)
     rows = [q + 1 for q in ranks]
     total = sum(rows)
     x = _x(rank, (rows[rank], 2)).requires_grad_()
     (_w(rank, (total, 2)) * hvd.allgather(x, name="ag")).sum().backward()
     off = sum(rows[:rank])
-    out["allgather"] = _err(x.grad, sum(_w(q, (total, 2)) for q in ranks)[off:off + rows[rank]])
+    out["allgather"] = _err(
+        x.grad, sum(_w(q, (total, 2)) for q in ranks)[off:off + rows[rank]] / size)
     xs = [_x(rank + 5 * k, (rows[rank] + k, 2)).requires_grad_() for k in range(2)]
     ys = hvd.grouped_allgather(xs)
     sum((_w(rank + k, y.shape) * y).sum() for k, y in enumerate(ys)).backward()
@@ -536,15 +580,15 @@ def _grad_cases(rank, size):
     for k, x in enumerate(xs):
         rows_k = [r + 1 + k for r in ranks]
         off = sum(rows_k[:rank])
-        full = sum(_w(q + k, (sum(rows_k), 2)) for q in ranks)
+        full = sum(_w(q + k, (sum(rows_k), 2)) for q in ranks) / size
         errs.append(_err(x.grad, full[off:off + rows_k[rank]]))
     out["grouped_allgather"] = next((e for e in errs if e), None)
 
-    # broadcast: the root gets every rank's gradient, the others none
+    # broadcast: the root gets the average of every rank's gradient, the others none
     for root in (0, size - 1):
         x = _x(rank, (2, 3)).requires_grad_()
         (_w(rank, (2, 3)) * hvd.broadcast(x, root_rank=root)).sum().backward()
-        want = sum(_w(q, (2, 3)) for q in ranks) if rank == root \
+        want = sum(_w(q, (2, 3)) for q in ranks) / size if rank == root \
             else torch.zeros(2, 3, dtype=torch.float64)
         out[f"broadcast-root{root}"] = _err(x.grad, want)
 
@@ -561,21 +605,87 @@ def _grad_cases(rank, size):
         parts.append(wq[off:off + splits_of[rank][q]])
     out["alltoall"] = _err(x.grad, torch.cat(parts))
 
-    # reducescatter (7 rows): d/dx_r = concatenation of every rank's weights (/ size for Average)
+    # reducescatter (7 rows), Horovod's convention: the concatenation of every rank's weights,
+    # times the set size for Sum, times the scale factors
     rows = [7 // size + (1 if q < 7 % size else 0) for q in ranks]
-    for op_name in ("Sum", "Average"):
+    for op_name, pre, post in (("Sum", 1.0, 1.0), ("Average", 1.0, 1.0), ("Sum", 2.0, 0.5),
+                               ("Average", 3.0, 2.0)):
         x = _x(rank, (7, 2)).requires_grad_()
-        y = hvd.reducescatter(x, op=getattr(hvd, op_name))
+        y = hvd.reducescatter(x, op=getattr(hvd, op_name), prescale_factor=pre,
+                              postscale_factor=post)
         (_w(rank, (rows[rank], 2)) * y).sum().backward()
-        want = torch.cat([_w(q, (rows[q], 2)) for q in ranks])
-        out[f"reducescatter-{op_name}"] = _err(x.grad, want / size if op_name == "Average"
-                                               else want)
+        want = torch.cat([_w(q, (rows[q], 2)) for q in ranks]) * pre * post
+        key = f"reducescatter-{op_name}" + ("" if pre == post == 1.0 else f"-{pre}-{post}")
+        out[key] = _err(x.grad, want * size if op_name == "Sum" else want)
     xs = [_x(rank + k, (7, 2)).requires_grad_() for k in range(2)]
     ys = hvd.grouped_reducescatter(xs, op=hvd.Sum)
     sum((_w(rank * 3 + k, tuple(y.shape)) * y).sum() for k, y in enumerate(ys)).backward()
     out["grouped_reducescatter"] = next(
-        (e for e in (_err(x.grad, torch.cat([_w(q * 3 + k, (rows[q], 2)) for q in ranks]))
+        (e for e in (_err(x.grad, torch.cat([_w(q * 3 + k, (rows[q], 2)) for q in ranks]) * size)
                      for k, x in enumerate(xs)) if e), None)
+    out.update(_set_grad_cases(rank, size))
+    return out
+
+
+def _set_grad_cases(rank, size):
+    """The same conventions on a process set of non-contiguous ranks ({0, 2} of 3; {1, 0} of 2),
+    with a root that is not the set's first member; keys start with 'set-'."""
+    ps = hvd.add_process_set([0, 2] if size == 3 else [0, 1])
+    members, n = ps.ranks, ps.size()
+    keys = ["set-allreduce-Average", "set-allgather", "set-grouped_allgather", "set-broadcast",
+            "set-broadcast_", "set-reducescatter-Sum", "set-reducescatter-Average",
+            "set-grouped_reducescatter", "set-alltoall"]
+    if rank not in members:
+        return {k: None for k in keys}
+    out = {}
+    i = members.index(rank)
+    x = _x(rank, (3, 2)).requires_grad_()
+    y = hvd.allreduce(x, op=hvd.Average, prescale_factor=2.0, process_set=ps)
+    (_w(rank, (3, 2)) * y).sum().backward()
+    out["set-allreduce-Average"] = _err(x.grad, sum(_w(q, (3, 2)) for q in members) * 2.0 / n)
+    rows = [q + 1 for q in members]
+    x = _x(rank, (rows[i], 2)).requires_grad_()
+    (_w(rank, (sum(rows), 2)) * hvd.allgather(x, process_set=ps)).sum().backward()
+    off = sum(rows[:i])
+    out["set-allgather"] = _err(
+        x.grad, sum(_w(q, (sum(rows), 2)) for q in members)[off:off + rows[i]] / n)
+    xs = [_x(rank + k, (rows[i], 2)).requires_grad_() for k in range(2)]
+    ys = hvd.grouped_allgather(xs, process_set=ps)
+    sum((_w(rank * 7 + k, (sum(rows), 2)) * y).sum() for k, y in enumerate(ys)).backward()
+    out["set-grouped_allgather"] = next((e for e in (
+        _err(x.grad, sum(_w(q * 7 + k, (sum(rows), 2)) for q in members)[off:off + rows[i]] / n)
+        for k, x in enumerate(xs)) if e), None)
+    root = members[-1]  # a global rank, not the set's first member
+    x = _x(rank, (2, 3)).requires_grad_()
+    y = hvd.broadcast(x, root_rank=root, process_set=ps)
+    value_ok = _err(y.detach(), _x(root, (2, 3)))
+    (_w(rank, (2, 3)) * y).sum().backward()
+    want = sum(_w(q, (2, 3)) for q in members) / n if rank == root \
+        else torch.zeros(2, 3, dtype=torch.float64)
+    out["set-broadcast"] = value_ok or _err(x.grad, want)
+    t = _x(rank, (4,))
+    hvd.broadcast_(t, root_rank=root, process_set=ps)
+    out["set-broadcast_"] = _err(t, _x(root, (4,)))
+    srows = [5 // n + (1 if k < 5 % n else 0) for k in range(n)]
+    for op_name, pre, post in (("Sum", 1.0, 3.0), ("Average", 2.0, 1.0)):
+        x = _x(rank, (5, 2)).requires_grad_()
+        y = hvd.reducescatter(x, op=getattr(hvd, op_name), prescale_factor=pre,
+                              postscale_factor=post, process_set=ps)
+        (_w(rank, (srows[i], 2)) * y).sum().backward()
+        want = torch.cat([_w(q, (srows[k], 2)) for k, q in enumerate(members)]) * pre * post
+        out[f"set-reducescatter-{op_name}"] = _err(x.grad, want * n if op_name == "Sum" else want)
+    xs = [_x(rank + k, (5, 2)).requires_grad_() for k in range(2)]
+    ys = hvd.grouped_reducescatter(xs, op=hvd.Sum, process_set=ps)
+    sum((_w(rank * 3 + k, tuple(y.shape)) * y).sum() for k, y in enumerate(ys)).backward()
+    out["set-grouped_reducescatter"] = next((e for e in (
+        _err(x.grad, torch.cat([_w(q * 3 + k, (srows[j], 2)) for j, q in enumerate(members)]) * n)
+        for k, x in enumerate(xs)) if e), None)
+    x = _x(rank, (2 * n, 2)).requires_grad_()
+    y = hvd.alltoall(x, process_set=ps)
+    (_w(rank, tuple(y.shape)) * y).sum().backward()
+    # rows [2k, 2k+2) went to member k, arriving there at rows [2i, 2i+2)
+    want = torch.cat([_w(q, (2 * n, 2))[2 * i:2 * i + 2] for q in members])
+    out["set-alltoall"] = _err(x.grad, want)
     return out
 
 

@@ -49,7 +49,7 @@ def test_size_one_results(initialized):
 @pytest.mark.parametrize("call,match", [
     (lambda: sdl.allreduce(np.ones(2, bool), op=sdl.Sum), "not defined for bool"),
     (lambda: sdl.allgather(np.float32(1.0)), "at least one dimension"),
-    (lambda: sdl.broadcast(np.ones(2), root_rank=3), "outside the process set"),
+    (lambda: sdl.broadcast(np.ones(2), root_rank=3), "root_rank 3 is outside the global process set"),
     (lambda: sdl.alltoall(np.ones(4), splits=[3]), "sum to 3 but the first dimension is 4"),
     (lambda: sdl.alltoall(np.ones(4), splits=[2, 2]), "one split per rank"),
     (lambda: sdl.allreduce(np.ones(2, np.complex64)), "unsupported tensor dtype"),
