@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from spark_dl.rendezvous.secret import SEAL_HEADER_BYTES, make_secret, seal
+from spark_dl.rendezvous.frames import HEADER_BYTES, seal_frame
+from spark_dl.rendezvous.secret import make_secret
 from spark_dl.spark.launch.driver.plan import plan_ranks
 from spark_dl.spark.launch.driver.service import DriverService, Registration
 from spark_dl.spark.launch.driver.slots import configured_slots
@@ -70,7 +71,7 @@ class _Target:
 
     def frame(self, payload=None, secret=SECRET, context=None):
         payload = pickle.dumps((self.call, self.kwargs)) if payload is None else payload
-        return seal(secret, payload, context or request_context(self.name))
+        return seal_frame(secret, context or request_context(self.name), self.call, payload)
 
     def works(self):
         with self.client() as c:
@@ -113,7 +114,7 @@ def _send(endpoint, data, timeout=3.0, close_write=False):
             if not chunk:
                 break
             chunks.append(chunk)
-            if sum(map(len, chunks)) >= SEAL_HEADER_BYTES and not close_write:
+            if sum(map(len, chunks)) >= HEADER_BYTES and not close_write:
                 sock.shutdown(socket.SHUT_WR)  # an answer came: end the connection
     return b"".join(chunks), time.monotonic() - start
 
@@ -136,7 +137,7 @@ def _assert_refused(target, data, marker=None, close_write=False):
 def test_good_request_is_answered(target):
     target.works()
     answer, _ = _send(target.endpoint, target.frame())
-    assert len(answer) > SEAL_HEADER_BYTES
+    assert len(answer) > HEADER_BYTES
 
 
 def test_wrong_mac_refused_without_deserializing(target, tmp_path):
@@ -155,7 +156,7 @@ def test_missing_mac_refused(target, tmp_path):
     marker, payload = _evil_payload(target, tmp_path)
     _assert_refused(target, payload, marker)  # a bare pickle, no frame at all
     frame = bytearray(target.frame(payload))
-    frame[SEAL_HEADER_BYTES - 32:SEAL_HEADER_BYTES] = bytes(32)  # an all-zero tag
+    frame[HEADER_BYTES - 32:HEADER_BYTES] = bytes(32)  # an all-zero tag
     _assert_refused(target, bytes(frame), marker)
 
 
@@ -178,14 +179,14 @@ def test_replayed_frame_refused(target):
 def test_truncated_frame_refused(target, tmp_path):
     marker, payload = _evil_payload(target, tmp_path)
     frame = target.frame(payload)
-    _assert_refused(target, frame[:SEAL_HEADER_BYTES // 2], marker, close_write=True)
+    _assert_refused(target, frame[:HEADER_BYTES // 2], marker, close_write=True)
     _assert_refused(target, frame[:len(frame) - 3], marker, close_write=True)
 
 
 def test_stalled_frame_does_not_block_others(target):
     frame = target.frame()
     with socket.create_connection(target.endpoint, timeout=5) as stalled:
-        stalled.sendall(frame[:SEAL_HEADER_BYTES + 1])
+        stalled.sendall(frame[:HEADER_BYTES + 1])
         start = time.monotonic()
         target.works()
         assert time.monotonic() - start < 2.0
@@ -195,14 +196,14 @@ def test_oversized_frame_refused_before_reading(target):
     frame = bytearray(target.frame())
     frame[28:36] = struct.pack(">Q", 1 << 40)  # the announced payload length
     # Only the header is sent: the refusal must not wait for the announced body.
-    answer, took = _send(target.endpoint, bytes(frame[:SEAL_HEADER_BYTES]))
+    answer, took = _send(target.endpoint, bytes(frame[:HEADER_BYTES]))
     assert answer == b"" and took < 2.0
     target.works()
 
 
 def test_stalled_frame_is_closed_idle_connection_is_not_an_offence():
     with ServiceServer("svc", SECRET, {"one": lambda: 1}, read_timeout=0.5) as server:
-        frame = seal(SECRET, pickle.dumps(("one", {})), request_context("svc"))
+        frame = seal_frame(SECRET, request_context("svc"), "one", pickle.dumps(("one", {})))
         answer, took = _send(server.endpoints[0], frame[:10])  # stalls inside the header
         assert answer == b"" and 0.4 < took < 3 and server.rejected == 1
         answer, took = _send(server.endpoints[0], b"")  # says nothing at all
@@ -218,8 +219,9 @@ def test_client_rejects_unbound_or_forged_answers():
             conn.sendall(make_answer())
 
     for make_answer in (
-            lambda: seal(SECRET, pickle.dumps(("ok", 1)), response_context("driver", bytes(16))),
-            lambda: seal(make_secret(), pickle.dumps(("ok", 1)), b"x")):
+            lambda: seal_frame(SECRET, response_context("driver", bytes(16)), "response",
+                               pickle.dumps(("ok", 1))),
+            lambda: seal_frame(make_secret(), b"x", "response", pickle.dumps(("ok", 1)))):
         with socket.create_server(("127.0.0.1", 0)) as sock:
             thread = threading.Thread(target=serve, args=(sock, make_answer), daemon=True)
             thread.start()

@@ -4,26 +4,38 @@ The driver service (in the Spark driver) and the task services (one per barrier 
 are instances of :class:`ServiceServer`; workers, task services and the driver talk to
 them through :class:`ServiceClient`. A connection carries requests one after the other.
 
-Wire format. A request is one frame made by :func:`spark_dl.rendezvous.secret.seal`: magic,
-nonce, timestamp, payload length, HMAC-SHA256 tag, payload. The tag covers a context
-naming the service and the direction (``sdl-spark/<service>/request``), so a frame made
-for one service or direction never passes as another. The payload is the pickled pair
-``(method, kwargs)``. The answer is a frame sealed under the context
-``sdl-spark/<service>/response`` followed by the request's nonce, so an answer is bound to
-the request it answers (an old answer cannot be replayed to a new request); its payload
-is the pickled pair ``(status, value)``.
+Wire format: frames of :mod:`spark_dl.rendezvous.frames`, whose fixed-size header (nonce,
+timestamp, payload length, kind, tag) is authenticated before the body is read. A
+request's kind is the method called, its context ``sdl-spark/<service>/request`` (so a
+frame made for one service or direction never passes as another), its payload the pickled
+pair ``(method, kwargs)``. The answer is a frame of kind ``response`` sealed under the
+context ``sdl-spark/<service>/response`` followed by the request's nonce, so an answer is
+bound to the request it answers; its payload is the pickled pair ``(status, value)``.
 
-The server checks every request, in this order, before anything in it is deserialized:
+The server checks every request, in this order, before it reads the body:
 
-1. the magic and the announced length (over ``max_request``: refused unread);
-2. the tag, in constant time;
-3. freshness: timestamp inside the replay window and nonce never seen before.
+1. the header's magic and tag (constant time);
+2. freshness: timestamp inside the replay window and nonce never seen before;
+3. the announced length against the limit of the method (``limits``; ``max_request``
+   for the others);
 
-A frame failing 1 or 2, a replayed frame, or a connection that stalls inside a frame is
-answered with nothing: the connection is closed, and the service keeps serving every
-other connection. Only an authentic request whose timestamp is outside the window gets an
-(authenticated) ``stale`` answer carrying the server's clock, from which the client
-corrects its offset and retries once.
+then reads the body (allocated as it arrives) and checks its tag. Only then is the
+payload unpickled. A frame failing a check, a replayed frame, or a frame not complete by
+its deadline is answered with nothing: the connection is closed, and the service keeps
+serving every other connection. Only an authentic request whose timestamp is outside the
+window gets an (authenticated) ``stale`` answer carrying the server's clock, from which the
+client corrects its offset and retries once.
+
+Connections (see :mod:`spark_dl.rendezvous.admission`). Until its first request header
+authenticates, a connection is *pending*: it is read by the accept thread alone, without
+a thread of its own, into a buffer of one header (under 100 bytes); it must authenticate
+within ``auth_deadline_s`` of its accept, and a flood of pending connections evicts the
+oldest ones (per peer and overall) rather than refusing new ones. Authenticated
+connections get a thread each and are never refused. Every frame has one deadline,
+``read_timeout`` from its first byte plus its length at
+:data:`~spark_dl.rendezvous.frames.MIN_BODY_RATE`: a peer trickling bytes cannot hold a
+frame open past it. An authenticated connection idle for ``read_timeout`` between frames
+is closed (clients reconnect).
 
 Pickle is used only after authentication: only holders of the job's secret can make the
 server unpickle anything, which is the same trust every worker already has (it runs the
@@ -38,21 +50,25 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from spark_dl.rendezvous.secret import (NONCE_BYTES, SEAL_HEADER_BYTES, AuthenticationError,
-                                        ReplayError, ReplayGuard, now_ms, seal, unseal_from)
+from spark_dl.rendezvous.admission import (DEFAULT_AUTH_DEADLINE_S, DEFAULT_PER_PEER,
+                                           DEFAULT_TOTAL, PendingConnections)
+from spark_dl.rendezvous.frames import (HEADER_BYTES, Deadline, FrameClosed, FrameHeader,
+                                        FrameTimeout, header_nonce, open_header, read_body, read_frame,
+                                        seal_frame)
+from spark_dl.rendezvous.secret import (AuthenticationError, ReplayError, ReplayGuard,
+                                        new_nonce, now_ms)
 
 __all__ = ["ServiceServer", "ServiceClient", "ServiceError", "RemoteCallError",
            "Endpoint", "request_context", "response_context"]
 
 Endpoint = Tuple[str, int]
 
-DEFAULT_MAX_REQUEST = 64 * 1024 * 1024
+DEFAULT_MAX_REQUEST = 64 * 1024
 DEFAULT_MAX_RESPONSE = 1024 * 1024 * 1024
 DEFAULT_WINDOW_S = 300.0
-# The nonce sits right after the 4-byte magic in a sealed frame's header.
-_NONCE_AT = 4
+RESPONSE_KIND = "response"
 
 
 def request_context(service: str) -> bytes:
@@ -73,53 +89,19 @@ class RemoteCallError(RuntimeError):
     """The service received the request and its handler raised; the message says why."""
 
 
-class _Closed(EOFError):
-    """The peer closed the connection between two frames (a clean end)."""
+class _Pending:
+    """A pending connection's header bytes so far, read by the accept thread."""
 
+    __slots__ = ("conn", "buf", "deadline")
 
-def _recv_exact(sock: socket.socket, n: int, first: bool = False) -> bytes:
-    """Reads exactly n bytes. ``first``: at a frame boundary, where a close or an idle
-    timeout before any byte ends the connection cleanly (:class:`_Closed`)."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        try:
-            k = sock.recv_into(view[got:], n - got)
-        except socket.timeout:
-            if first and got == 0:
-                raise _Closed() from None  # an idle kept-alive connection
-            raise
-        if k == 0:
-            if first and got == 0:
-                raise _Closed()
-            raise EOFError(f"connection closed after {got} of {n} bytes")
-        got += k
-    return bytes(buf)
-
-
-def _read_frame(sock: socket.socket, secret: bytes, context_of: Callable[[bytes], bytes],
-                guard: Optional[ReplayGuard], max_payload: int) -> Tuple[bytes, bytes]:
-    """Reads one sealed frame; returns (nonce, payload). ``context_of(nonce)`` gives the
-    MAC context (requests: fixed; responses: bound to the request nonce)."""
-    header = _recv_exact(sock, SEAL_HEADER_BYTES, first=True)
-    nonce = header[_NONCE_AT:_NONCE_AT + NONCE_BYTES]
-    served = [header]
-
-    def read_exact(n: int) -> bytes:
-        if served:
-            return served.pop()  # the header, already read to learn the nonce
-        return _recv_exact(sock, n)
-
-    try:
-        return nonce, unseal_from(read_exact, secret, context_of(nonce), guard, max_payload)
-    except ReplayError as exc:
-        exc.nonce = nonce  # an authentic stale request is answered, bound to its nonce
-        raise
+    def __init__(self, conn: socket.socket, deadline: Deadline):
+        self.conn = conn
+        self.buf = b""
+        self.deadline = deadline  # of the first frame (its body extends it)
 
 
 class ServiceServer:
-    """Serves authenticated requests on the given addresses, one thread per connection.
+    """Serves authenticated requests on the given addresses.
 
     Args:
         name: the service name, part of every MAC context (``"driver"``, ``"task"``).
@@ -127,34 +109,55 @@ class ServiceServer:
         handlers: ``method -> callable(**kwargs)``; its return value is the answer. A
             handler that raises answers a :class:`RemoteCallError` to the caller.
         hosts: addresses to bind, each on its own free port (see :attr:`endpoints`).
-        max_request: largest accepted request payload, in bytes.
+        max_request: largest accepted request payload, in bytes, of a method without
+            an entry in ``limits``.
+        limits: ``method -> largest accepted payload`` in bytes.
         window_s: replay window (accepted clock difference) in seconds.
-        read_timeout: a connection idle or stalled this long inside a frame is closed.
-        max_connections: further connections are closed at once while this many are open.
+        read_timeout: deadline of one frame from its first byte (plus its length at
+            :data:`~spark_dl.rendezvous.frames.MIN_BODY_RATE`); also how long an
+            authenticated connection may stay idle between frames.
+        auth_deadline_s: a new connection must send an authentic request header within
+            this long (default: the smaller of 10 s and ``read_timeout``).
+        max_pending, max_pending_per_peer: bounds on connections that did not
+            authenticate yet; the oldest are evicted past them.
         log: receives diagnostics (refused frames); None: silent.
     """
 
     def __init__(self, name: str, secret: bytes, handlers: Mapping[str, Callable[..., Any]],
                  hosts: Sequence[str] = ("127.0.0.1",), max_request: int = DEFAULT_MAX_REQUEST,
+                 limits: Optional[Mapping[str, int]] = None,
                  window_s: float = DEFAULT_WINDOW_S, read_timeout: float = 60.0,
-                 max_connections: int = 256, log: Optional[Callable[[str], None]] = None):
+                 auth_deadline_s: Optional[float] = None,
+                 max_pending: int = DEFAULT_TOTAL, max_pending_per_peer: int = DEFAULT_PER_PEER,
+                 log: Optional[Callable[[str], None]] = None):
         self.name = name
         self._secret = bytes(secret)
         self._handlers = dict(handlers)
         self._hosts = list(hosts)
         self._max_request = max_request
+        self._limits: Dict[str, int] = dict(limits or {})
         self._guard = ReplayGuard(window_s)
         self._read_timeout = read_timeout
-        self._max_connections = max_connections
+        if auth_deadline_s is None:
+            auth_deadline_s = min(DEFAULT_AUTH_DEADLINE_S, read_timeout)
+        self._pending = PendingConnections(max_pending_per_peer, max_pending, auth_deadline_s)
         self._log = log
         self._context = request_context(name)
         self._listeners: List[socket.socket] = []
-        self._conns: set = set()
+        self._conns: set = set()  # authenticated connections (served by threads)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.endpoints: List[Endpoint] = []
-        self.rejected = 0  # frames refused (bad length/tag, replay, truncation)
+        self.rejected = 0  # frames refused (bad header/tag, replay, truncation, stall)
+
+    @property
+    def pending(self) -> PendingConnections:
+        """The connections that did not authenticate yet (counters for diagnostics)."""
+        return self._pending
+
+    def _limit_of(self, kind: str) -> int:
+        return self._limits.get(kind, self._max_request)
 
     def start(self) -> List[Endpoint]:
         """Binds every host and starts serving; returns the bound ``(host, port)`` list."""
@@ -200,28 +203,105 @@ class ServiceServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    # ---- the accept thread: listeners and pending connections ---------------------------
+
     def _accept_loop(self) -> None:
+        pending: Dict[socket.socket, _Pending] = {}
         with selectors.DefaultSelector() as selector:
+            def drop(conn: socket.socket, why: Optional[str]) -> None:
+                state = pending.pop(conn, None)
+                if state is None:
+                    return
+                self._pending.discard(conn)
+                selector.unregister(conn)
+                conn.close()
+                if why is not None:
+                    self._refuse(why)
+
             for sock in self._listeners:
-                selector.register(sock, selectors.EVENT_READ)
+                selector.register(sock, selectors.EVENT_READ, None)
             while not self._stopping.is_set():
                 for key, _ in selector.select(timeout=0.1):
-                    try:
-                        conn, _addr = key.fileobj.accept()
-                    except BlockingIOError:
-                        continue
-                    except OSError:  # e.g. out of file descriptors: do not spin
-                        time.sleep(0.05)
-                        continue
-                    with self._lock:
-                        full = len(self._conns) >= self._max_connections
-                        if not full:
-                            self._conns.add(conn)
-                    if full:
-                        conn.close()
-                        continue
-                    threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                                     name=f"sdl-{self.name}-conn").start()
+                    if key.data is None:
+                        self._accept(key.fileobj, selector, pending, drop)
+                    else:
+                        self._read_pending(key.data, selector, pending, drop)
+                for conn in self._pending.expired():
+                    state = pending.get(conn)
+                    drop(conn, None if state is None or not state.buf else
+                         "connection stalled inside its first frame header past the deadline")
+            for conn in list(pending):
+                drop(conn, None)
+
+    def _accept(self, listener, selector, pending, drop) -> None:
+        try:
+            conn, addr = listener.accept()
+        except BlockingIOError:
+            return
+        except OSError:
+            # Out of file descriptors: make room by closing the oldest pending connection.
+            victims = self._pending.expired() or list(pending)[:1]
+            for victim in victims:
+                drop(victim, None)
+            time.sleep(0.01)
+            return
+        conn.setblocking(False)
+        for victim in self._pending.admit(conn, addr[0]):
+            drop(victim, None)
+        state = _Pending(conn, Deadline(self._read_timeout))
+        pending[conn] = state
+        selector.register(conn, selectors.EVENT_READ, state)
+
+    def _read_pending(self, state: _Pending, selector, pending, drop) -> None:
+        conn = state.conn
+        try:
+            data = conn.recv(HEADER_BYTES - len(state.buf))
+        except BlockingIOError:
+            return
+        except OSError:
+            drop(conn, None)
+            return
+        if not data:
+            drop(conn, f"truncated frame ({len(state.buf)} of {HEADER_BYTES} header bytes)"
+                 if state.buf else None)
+            return
+        state.buf += data
+        if len(state.buf) < HEADER_BYTES:
+            return
+        try:
+            header = open_header(state.buf, self._secret, self._context, self._guard,
+                                 self._limit_of)
+        except ReplayError as exc:
+            if exc.stale:
+                self._answer_stale(conn, state.buf)
+                drop(conn, None)
+            else:
+                drop(conn, str(exc))
+            return
+        except AuthenticationError as exc:
+            drop(conn, str(exc))
+            return
+        # Authentic: the connection leaves the pending set for a thread of its own.
+        pending.pop(conn)
+        selector.unregister(conn)
+        if not self._pending.authenticated(conn):
+            conn.close()
+            return
+        with self._lock:
+            self._conns.add(conn)
+        threading.Thread(target=self._serve, args=(conn, header, state.deadline), daemon=True,
+                         name=f"sdl-{self.name}-conn").start()
+
+    def _answer_stale(self, conn: socket.socket, raw_header: bytes) -> None:
+        # Authentic (the tag passed) but outside the window: tell the client our clock,
+        # bound to its nonce; the body stays unread and the connection is closed.
+        nonce = header_nonce(raw_header)
+        try:
+            conn.setblocking(True)
+            conn.settimeout(1.0)
+            self._reply(conn, nonce, ("stale", now_ms()))
+        except OSError:
+            pass
 
     def _refuse(self, why: str) -> None:
         with self._lock:
@@ -229,34 +309,40 @@ class ServiceServer:
         if self._log is not None:
             self._log(f"{self.name} service: refused a request: {why}")
 
-    def _serve(self, conn: socket.socket) -> None:
+    # ---- authenticated connections: one thread each ------------------------------------
+
+    def _serve(self, conn: socket.socket, header: FrameHeader, deadline: Deadline) -> None:
         try:
             conn.setblocking(True)
-            conn.settimeout(self._read_timeout)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while not self._stopping.is_set():
                 try:
-                    nonce, payload = _read_frame(conn, self._secret, lambda _n: self._context,
-                                                 self._guard, self._max_request)
-                except _Closed:
+                    if header is None:
+                        header, payload = read_frame(
+                            conn, self._secret, self._context, self._guard, self._limit_of,
+                            frame_s=self._read_timeout, idle_s=self._read_timeout)
+                    else:
+                        payload = read_body(conn, header, self._secret, self._context,
+                                            deadline)
+                except FrameClosed:
+                    return
+                except FrameTimeout as exc:
+                    self._refuse(f"connection stalled inside a frame past its deadline ({exc})")
                     return
                 except EOFError as exc:
                     self._refuse(f"truncated frame ({exc})")
                     return
-                except socket.timeout:
-                    self._refuse("connection stalled inside a frame past the read timeout")
-                    return
                 except ReplayError as exc:
-                    if exc.stale:
-                        # Authentic (the tag passed): tell the client our clock.
-                        self._reply(conn, exc.nonce, ("stale", now_ms()))
-                        continue
-                    self._refuse(str(exc))
+                    if not exc.stale:
+                        self._refuse(str(exc))
+                    # A stale frame on a kept-alive connection: the client retries on a
+                    # fresh one, whose first header is answered with our clock.
                     return
                 except AuthenticationError as exc:
                     self._refuse(str(exc))
                     return
-                self._reply(conn, nonce, self._dispatch(payload))
+                self._reply(conn, header.nonce, self._dispatch(header.kind, payload))
+                header = None
         except OSError:
             pass
         finally:
@@ -264,9 +350,12 @@ class ServiceServer:
                 self._conns.discard(conn)
             conn.close()
 
-    def _dispatch(self, payload: bytes) -> Tuple[str, Any]:
+    def _dispatch(self, kind: str, payload: bytes) -> Tuple[str, Any]:
         try:
             method, kwargs = pickle.loads(payload)
+            if method != kind:
+                return "error", (f"request for {method!r} framed as {kind!r} (a client of "
+                                 "another spark_dl version?)")
             handler = self._handlers.get(method)
             if handler is None:
                 return "error", f"unknown method {method!r} of the {self.name} service"
@@ -275,8 +364,8 @@ class ServiceServer:
             return "error", f"{type(exc).__name__}: {exc}"
 
     def _reply(self, conn: socket.socket, nonce: bytes, answer: Tuple[str, Any]) -> None:
-        conn.sendall(seal(self._secret, pickle.dumps(answer, protocol=4),
-                          response_context(self.name, nonce)))
+        conn.sendall(seal_frame(self._secret, response_context(self.name, nonce),
+                                RESPONSE_KIND, pickle.dumps(answer, protocol=4)))
 
 
 class ServiceClient:
@@ -316,11 +405,12 @@ class ServiceClient:
         """
         payload = pickle.dumps((method, kwargs), protocol=4)
         with self._lock:
-            status, value = self._exchange(payload, self.timeout if timeout is None else timeout)
+            status, value = self._exchange(method, payload,
+                                           self.timeout if timeout is None else timeout)
             if status == "stale":
                 # The tag passed but our clock is off: learn the offset and retry once.
                 self._clock_offset_ms = int(value) - now_ms()
-                status, value = self._exchange(payload, self.timeout)
+                status, value = self._exchange(method, payload, self.timeout)
         if status == "ok":
             return value
         if status == "error":
@@ -359,22 +449,23 @@ class ServiceClient:
         raise ServiceError(f"cannot reach the {self.name} service at "
                            + ", ".join(errors or [f"{h}:{p}" for h, p in self.endpoints]))
 
-    def _exchange(self, payload: bytes, timeout: float) -> Tuple[str, Any]:
+    def _exchange(self, method: str, payload: bytes, timeout: float) -> Tuple[str, Any]:
         deadline = time.monotonic() + timeout
         for attempt in (0, 1):
             reused = self._sock is not None
             if not reused:
                 self._sock = self._connect(deadline)
             sock = self._sock
-            frame = seal(self._secret, payload, request_context(self.name),
-                         timestamp_ms=now_ms() + self._clock_offset_ms)
-            sent_nonce = frame[_NONCE_AT:_NONCE_AT + NONCE_BYTES]
+            nonce = new_nonce()
+            frame = seal_frame(self._secret, request_context(self.name), method, payload,
+                               nonce=nonce, timestamp_ms=now_ms() + self._clock_offset_ms)
             try:
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
                 sock.sendall(frame)
-                nonce, answer = _read_frame(
-                    sock, self._secret, lambda n: response_context(self.name, sent_nonce),
-                    None, self._max_response)
+                _header, answer = read_frame(
+                    sock, self._secret, response_context(self.name, nonce), None,
+                    lambda _kind: self._max_response,
+                    frame_s=max(0.001, deadline - time.monotonic()))
             except (EOFError, ConnectionError) as exc:
                 self._drop()
                 # A kept-alive connection may have been closed by the server while idle

@@ -41,6 +41,12 @@ SETTLE_S = 1.0
 # While the only failures are consequences, wait up to this long for their cause: on MPI
 # a killed rank is known only once mpirun has stopped the job (about 1-2 s later).
 CONSEQUENCE_SETTLE_S = 6.0
+# Largest payload per method, checked on the authenticated header before the body is
+# read (other methods: the service's default, 64 KiB). A result is the function's pickled
+# return value; an error carries a pickled exception and its traceback; output comes in
+# batches of about 1 MiB.
+REQUEST_LIMITS = {"result": 1 << 31, "error": 256 << 20, "output": 64 << 20,
+                  "task_failed": 16 << 20, "register": 1 << 20}
 
 
 @dataclass(frozen=True)
@@ -119,9 +125,7 @@ class DriverService:
             "register": self._register, "task_failed": self._task_failed,
             "ping": self._ping, "code": self._get_code, "result": self._result,
             "error": self._error, "output": self._output, "worker_exit": self._worker_exit,
-        # Per task: its pings and its output; per worker: its short calls.
-        }, hosts=hosts, max_request=1 << 31, max_connections=max(256, 4 * num_proc + 16),
-            log=log)
+        }, hosts=hosts, limits=REQUEST_LIMITS, log=log)
 
     def start(self) -> List[Endpoint]:
         return self.server.start()

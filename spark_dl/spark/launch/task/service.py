@@ -53,7 +53,9 @@ from spark_dl.spark.launch.task.output import DaemonOutput, DriverOutput, TaskOu
 
 __all__ = ["TaskService", "worker_command"]
 
-MAX_REQUEST = 16 * 1024 * 1024
+# Largest payload per method (others: the service default, 64 KiB): a launch or a
+# daemon's environment may be large.
+REQUEST_LIMITS = {"launch": 16 << 20, "host_daemon": 16 << 20, "daemon": 1 << 20}
 # Longest wait of one daemon_output call (the agent's calls time out later than this).
 MAX_OUTPUT_WAIT_S = 5.0
 # On stop, how long the service stays up for the agent to fetch the daemon's exit code
@@ -108,7 +110,7 @@ class TaskService:
             "launch": self._launch, "terminate": self._terminate, "status": self._status,
             "host_daemon": self._host_daemon, "attach": self._attach,
             "daemon": self._daemon, "daemon_output": self._fetch_daemon_output,
-        }, hosts=hosts, max_request=MAX_REQUEST, log=log)
+        }, hosts=hosts, limits=REQUEST_LIMITS, log=log)
 
     @property
     def launched(self) -> bool:
