@@ -336,24 +336,16 @@ def _timings(ctx: dict, worker: dict) -> dict:
 
 def _pickle_or_explain(spec) -> bytes:
     """cloudpickle of the TrainSpec; on failure, an error naming what cannot travel."""
-    from spark_dl.spark.launch.pickling import pickler
+    from spark_dl.spark.launch.pickling import dumps_or_explain, pickler
 
-    cp = pickler()
     try:
-        return cp.dumps(spec)
+        return pickler().dumps(spec)
     except Exception as first:
         fields = dict(vars(spec))
         framework = fields.pop("framework")
         fields.update(vars(framework) if hasattr(framework, "__dict__") else
                       {"framework": framework})
         for field, value in fields.items():
-            try:
-                cp.dumps(value)
-            except Exception as e:
-                raise TypeError(
-                    f"{field} cannot be sent to the workers: cloudpickle failed with "
-                    f"{type(e).__name__}: {e}. Define classes and functions at module level "
-                    "(in the main script or an importable module); objects holding locks, "
-                    "open files, sockets or a SparkContext cannot be shipped") from e
+            dumps_or_explain(value, field, field)  # raises, naming the path inside it
         raise TypeError(f"the training function's arguments cannot be pickled: {first}") \
             from first

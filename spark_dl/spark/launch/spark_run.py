@@ -124,7 +124,9 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
     ``spark_dl.numpy.init()`` (or a framework's) and use collectives across workers.
 
     Args:
-        fn: the function; pickled with cloudpickle (closures and lambdas work).
+        fn: the function; pickled with cloudpickle (closures and lambdas work). One that
+            cannot be pickled raises a TypeError naming the path to the part that fails
+            (e.g. ``state.lock``: a closure variable holding a lock).
         args, kwargs: its arguments.
         num_proc: number of workers (default: ``SparkContext.defaultParallelism``).
         start_timeout: seconds the Spark tasks may take to start and register (default:
@@ -155,6 +157,8 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         RunError: the job could not start for another reason.
     """
     launcher = select_launcher(use_mpi, use_gloo, extra_mpi_args)
+    # Before any work: a function that cannot travel is named with what holds it back.
+    code = pickling.dumps_call(fn, tuple(args), dict(kwargs or {}), "spark_dl.spark.run")
     sc = _spark_context()
     num_proc = sc.defaultParallelism if num_proc is None else int(num_proc)
     if num_proc < 1:
@@ -164,7 +168,6 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
     out = _Output(stdout, stderr)
     job_id = secrets.token_hex(8)
     secret = make_secret()
-    code = pickling.pickler().dumps((fn, tuple(args), dict(kwargs or {})))
     bind, advertised = driver_addresses(sc.getConf().get, sc.master, nics)
     log = log_to_stderr("spark_dl driver") if verbose >= 2 else None
     driver = DriverService(secret, num_proc, code, bind, out.write, log=log,
