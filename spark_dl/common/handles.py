@@ -72,6 +72,11 @@ class Handle:
         self._finish = None
         return self._result
 
+    def __call__(self):
+        """``handle()`` is ``handle.wait()``: Horovod's ``sparse_allreduce_async`` returns a
+        function to call for the result, and code written for it calls the handle."""
+        return self.wait()
+
     def __repr__(self):
         return f"Handle({self.hid}, name={self.name!r}, done={self._done})"
 

@@ -186,9 +186,15 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
     """Reduces a sparse COO tensor by gathering every rank's indices and values.
 
-    The result is a coalesced sparse tensor (duplicate indices summed); with
-    ``op=Average`` the values are divided by the set size. Only Sum and Average
-    are defined for sparse tensors.
+    Nothing is densified: two allgathers (``<name>.indices``, ``<name>.values``)
+    carry each rank's nonzeros. The result is a coalesced sparse tensor
+    (duplicate indices summed); with ``op=Average`` the values are divided by the
+    set size. Only Sum and Average are defined for sparse tensors. Every rank's
+    tensor must have the same shape, sparse and dense dimensions.
+
+    Returns:
+        A handle: ``handle()`` (Horovod's form), ``handle.wait()`` or
+        ``synchronize(handle)`` return the result.
     """
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
         raise InvalidArgumentError("sparse_allreduce_async needs a sparse COO tensor")

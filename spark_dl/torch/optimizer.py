@@ -52,6 +52,7 @@ class _DistributedOptimizer:
         self._op = op
         self._predivide = float(gradient_predivide_factor)
         self._sparse_as_dense = sparse_as_dense
+        self._sparse_layout = {}    # p -> (sparse_dim, dense_dim) once p had a sparse gradient
         self.process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
 
@@ -136,11 +137,22 @@ class _DistributedOptimizer:
         return 1.0, 1.0
 
     def _dense_grad(self, p):
+        """``p.grad`` ready for its allreduce: zeros when unused on this rank in this step
+        (other ranks may have a gradient for it; an empty sparse tensor for a parameter
+        known to have sparse gradients), densified with ``sparse_as_dense``."""
         if p.grad is None:
-            # Unused on this rank in this step; other ranks may have a gradient for it.
-            p.grad = torch.zeros_like(p)
-        elif p.grad.layout != torch.strided and self._sparse_as_dense:
-            p.grad = p.grad.to_dense()
+            layout = self._sparse_layout.get(p)
+            if layout is None or self._sparse_as_dense:
+                p.grad = torch.zeros_like(p)
+            else:
+                sparse_dim, dense_dim = layout
+                p.grad = torch.sparse_coo_tensor(
+                    torch.empty((sparse_dim, 0), dtype=torch.int64),
+                    torch.empty((0,) + tuple(p.shape[sparse_dim:]), dtype=p.dtype), p.shape)
+        elif p.grad.layout == torch.sparse_coo:
+            self._sparse_layout[p] = (p.grad.sparse_dim(), p.grad.dense_dim())
+            if self._sparse_as_dense:
+                p.grad = p.grad.to_dense()
         return p.grad
 
     def _allreduce_grad_async(self, p):
@@ -356,7 +368,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         num_groups: deprecated spelling of an integer ``groups``.
         groups: an integer n (split the parameters into n groups, each reduced
             as one grouped allreduce) or a list of lists of parameters.
-        sparse_as_dense: reduce sparse gradients as dense tensors (else by allgather).
+        sparse_as_dense: reduce sparse gradients (``nn.Embedding(sparse=True)``) as
+            dense tensors. Default False: they are reduced by allgather of their
+            indices and values and stay sparse, so ``torch.optim.SparseAdam`` works.
+            A parameter unused on some rank in the very first step cannot be known
+            to be sparse there: use it on every rank, or pass True.
         process_set: the ranks whose gradients are averaged.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):

@@ -33,6 +33,7 @@ def test_process_sets_through_torch_api():
         assert r["object"] == "from 2"
         assert "InvalidArgumentError" in r["outside_root"] and "[0, 2]" in r["outside_root"]
         assert r["objects"] == [0, 2]
+        assert r["sparse"] == [1.0, 0.0, 1.0, 40.0]  # ranks 0 and 2 only, sparse all the way
         assert r["gather_grad"] == [1.0]  # average over the 2 members' losses of this rank's row
         # gradients averaged over ranks 0 and 2 only: (1 + 9) / 2
         assert r["weight_delta"][0] == pytest.approx([5.0, 5.0], rel=1e-6)

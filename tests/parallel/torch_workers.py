@@ -221,7 +221,8 @@ def _one_case(case, rank, size):
             dense[r][[r % 6, (r + 2) % 6]] = _data(case, r, (2, 2), "float32")
         mine = torch.from_numpy(dense[rank]).to_sparse()
         op = getattr(hvd, extra)
-        got = hvd.synchronize(hvd.sparse_allreduce_async(mine, name=case, op=op))
+        handle = hvd.sparse_allreduce_async(mine, name=case, op=op)
+        got = handle() if extra == "Sum" else hvd.synchronize(handle)  # Horovod's call form too
         if not got.is_sparse:
             return "sparse allreduce returned a dense tensor"
         want = _reduce(dense, extra, "float32", size)
@@ -246,6 +247,9 @@ def _process_set_checks(rank, size):
         x = torch.tensor([1.0 + rank], requires_grad=True)
         hvd.allgather(x, process_set=evens).sum().backward()
         out["gather_grad"] = x.grad.tolist()
+        sp = torch.sparse_coo_tensor([[rank, 3]], [1.0, 10.0 * (rank + 1)], (4,))
+        out["sparse"] = hvd.sparse_allreduce_async(sp, name="sp", op=hvd.Sum,
+                                                   process_set=evens)().to_dense().tolist()
     # An optimizer averaging over the subset only; rank 1 trains alone.
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1, bias=False)
@@ -297,6 +301,8 @@ class _Embed(torch.nn.Module):
         self.fc = torch.nn.Linear(8, 4)
 
     def forward(self, x, use_extra=False):
+        if use_extra:  # this batch skips the embedding (its gradient stays None)
+            return self.fc(x)
         idx = (x.abs() * 7).long().clamp(max=19)[:, :3]
         return self.fc(self.emb(idx).mean(1))
 
@@ -323,6 +329,10 @@ TRAIN_CONFIGS = {
     "synchronize_clip": (_sgd, {}, 1, 1e-5),
     "sparse_embedding": (lambda p: torch.optim.SGD(p, lr=0.5), {}, 1, 1e-5),
     "sparse_as_dense": (lambda p: torch.optim.SGD(p, lr=0.5), {"sparse_as_dense": True}, 1, 1e-5),
+    # SparseAdam needs gradients that stay sparse; emb.weight is the first parameter. In
+    # "_unused" the last rank skips the embedding after the first step.
+    "sparse_adam": (lambda p: torch.optim.SparseAdam(list(p)[:1], lr=0.05), {}, 1, 1e-5),
+    "sparse_adam_unused": (lambda p: torch.optim.SparseAdam(list(p)[:1], lr=0.05), {}, 1, 1e-5),
 }
 STEPS = 4
 PER_RANK = 4
@@ -359,7 +369,8 @@ def _train(config, rank, size):
         for p in range(passes):
             cx, cy = chunks[rank * passes + p]
             # The extra branch is used by the last rank's batches only.
-            use = config == "unused_param" and rank == size - 1
+            use = rank == size - 1 and (config == "unused_param" or
+                                        (config == "sparse_adam_unused" and step > 0))
             (F.mse_loss(model(cx, use), cy) / passes).backward()
         if config == "synchronize_clip":
             opt.synchronize()
@@ -371,7 +382,8 @@ def _train(config, rank, size):
         ref_opt.zero_grad()
         loss = 0.0
         for i, (cx, cy) in enumerate(chunks):
-            use = config == "unused_param" and i // passes == size - 1
+            use = i // passes == size - 1 and (config == "unused_param" or
+                                               (config == "sparse_adam_unused" and step > 0))
             loss = loss + F.mse_loss(ref(cx, use), cy)
         (loss * scale / len(chunks)).backward()
         if config == "synchronize_clip":
@@ -381,7 +393,9 @@ def _train(config, rank, size):
     moved = max(float((a - b).abs().max()) for a, b in zip(model.parameters(),
                                                            _model(config).parameters()))
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return {"diff": diff, "tol": tol, "moved": moved, "params": flat.tolist()}
+    layout = str(model.emb.weight.grad.layout) if config.startswith("sparse") else None
+    return {"diff": diff, "tol": tol, "moved": moved, "params": flat.tolist(),
+            "emb_grad_layout": layout}
 
 
 def train_equivalence():
