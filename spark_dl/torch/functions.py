@@ -15,7 +15,7 @@ from spark_dl.common.handles import synchronize
 from spark_dl.common.objects import allgather_object, broadcast_object
 from spark_dl.common.basics import rank as _global_rank
 from spark_dl.common.ops import root_index
-from spark_dl.common.process_sets import global_process_set
+from spark_dl.common.process_sets import ProcessSet, global_process_set
 from spark_dl.torch._async_ops import broadcast_async_
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object",
@@ -101,7 +101,7 @@ class _TensorSlot:
         self.index, self.shape, self.dtype = state
 
 
-def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_set):
+def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
     """Makes every rank's optimizer state and hyperparameters equal to ``root_rank``'s.
 
     Works for any ``torch.optim.Optimizer`` (including a
@@ -120,12 +120,20 @@ def broadcast_optimizer_state(optimizer, root_rank, process_set=global_process_s
     The model's parameters are not touched: call :func:`broadcast_parameters` for them.
 
     Args:
+        optimizer: any ``torch.optim.Optimizer``.
         root_rank: the global rank whose state wins (a member of ``process_set``).
+        model: optional, as in Horovod: its ``nn.Embedding(sparse=True)`` parameters get
+            sparse zero gradients in the step that creates the state (SparseAdam's
+            parameters always do).
+        process_set: the ranks taking part (a :class:`ProcessSet` passed third, in
+            place of ``model``, is taken as the process set).
     """
+    if isinstance(model, ProcessSet):  # the earlier signature (optimizer, root_rank, process_set)
+        model, process_set = None, model
     root_index(root_rank, process_set)  # checked on every rank before anything is sent
     is_root = _global_rank() == root_rank
     if is_root and not optimizer.state and not isinstance(optimizer, torch.optim.LBFGS):
-        _materialize_state(optimizer)
+        _materialize_state(optimizer, model)
     state = optimizer.state_dict()
     tensors = []
     skeleton = _split_tensors(state, tensors) if is_root else None
@@ -161,14 +169,21 @@ def _collect_slots(obj, out):
     out.extend(sorted(found, key=lambda s: s.index))
 
 
-def _materialize_state(optimizer):
+def _materialize_state(optimizer, model):
     """One step of ``optimizer``'s own update on zero gradients, creating its state;
     parameters and gradients are restored afterwards."""
     params = [p for group in optimizer.param_groups for p in group["params"]
               if isinstance(p, torch.Tensor) and p.requires_grad]
+    sparse = set()
+    if model is not None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and m.sparse:
+                sparse.update(id(p) for p in m.parameters())
     saved = [(p, p.detach().clone(), p.grad) for p in params]
     for p in params:
         p.grad = torch.zeros_like(p)
+        if isinstance(optimizer, torch.optim.SparseAdam) or id(p) in sparse:
+            p.grad = p.grad.to_sparse()
     # A DistributedOptimizer's step() would allreduce, which only this rank runs:
     # take the wrapped optimizer's step.
     from spark_dl.torch.optimizer import _DistributedOptimizer

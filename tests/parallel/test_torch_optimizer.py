@@ -78,7 +78,8 @@ def test_broadcasts_take_global_roots_on_process_sets():
     assert state["groups"][0]["lr"] == 0.02  # rank 1's
     assert len(state["state"]) == 4  # fc1 and fc2; the extra branch never had a gradient
     a, c = res[0], res[2]
-    assert set(res[1]) == {"none_grad_is_none", "global"}
+    assert set(res[1]) == {"none_grad_is_none", "global", "sparse_adam_steps"}
+    assert all(r["sparse_adam_steps"] == [1.0] for r in res)
     for r in (a, c):
         assert r["params_kept"] and r["grads_kept"], r
         assert "InvalidArgumentError" in r["set_bad_root"] and "[0, 2]" in r["set_bad_root"]

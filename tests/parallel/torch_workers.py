@@ -504,6 +504,11 @@ def broadcast_on_sets():
     hvd.broadcast_parameters(model.state_dict(), root_rank=1)
     hvd.broadcast_optimizer_state(opt, root_rank=1)
     out["global"] = _state_summary(opt)
+    # SparseAdam needs sparse gradients in the step that creates its state (Horovod's model=)
+    emb = _Embed(sparse=True)
+    sparse_opt = torch.optim.SparseAdam(list(emb.emb.parameters()), lr=0.1)
+    hvd.broadcast_optimizer_state(sparse_opt, 0, emb)
+    out["sparse_adam_steps"] = [float(st["step"]) for st in sparse_opt.state.values()]
     if ps.included():
         # A new Adam with weight decay on every member: the root's state is created by a
         # zero-gradient step that must leave its parameters alone.
