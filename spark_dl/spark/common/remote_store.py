@@ -12,7 +12,7 @@ import os
 import posixpath
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, ContextManager, Optional
+from typing import TYPE_CHECKING, ContextManager, List, Optional
 
 import pyarrow.fs as pafs
 
@@ -69,6 +69,12 @@ class RemoteStore:
 
     def write(self, path, data) -> None:
         self.store.write(path, data)
+
+    def remove_run_temporaries(self) -> List[str]:
+        """Deletes what interrupted atomic writes (e.g. a checkpoint write killed part way)
+        left in this run's directory; call it when the run starts, before anything writes
+        there. Returns the removed paths."""
+        return self.store.remove_temporaries(self.store.get_run_path(self._need_run()))
 
     def get_local_output_dir(self) -> ContextManager[str]:
         """Context manager yielding the local directory for this run's outputs."""

@@ -26,11 +26,15 @@ and writes through one ``pyarrow.fs.FileSystem`` (fsspec filesystems are wrapped
 ``pyarrow.fs.FSSpecHandler``), so the Parquet reader and writer use the same object.
 
 Writes made with :meth:`Store.write` are atomic: on filesystems with an atomic rename the data
-goes to a hidden temporary file in the same directory and is renamed over the target; on object
+goes to a hidden temporary file in the same directory and is renamed over the target (on local
+paths the file is fsync'ed before the rename and its directory after it, so a power loss cannot
+leave a renamed but empty file); on object
 stores (S3, GCS, ABFS, memory) the data is first spooled to a local temporary file and then
 uploaded in one operation (``put_file``/``copy_files``), which the object store publishes only
 when complete. A writer that crashes before the rename/upload leaves the previous version
-intact. (An upload that fails half way is aborted by s3fs; Arrow's native S3 stream may
+intact; the temporary files that killed writers leave behind are removed by
+:meth:`Store.remove_temporaries` (training does so for its run directory when a run starts).
+(An upload that fails half way is aborted by s3fs; Arrow's native S3 stream may
 complete it on close, so prefer s3fs where that matters.)
 """
 
@@ -53,6 +57,30 @@ from spark_dl.spark.common.remote_store import (RemoteStore, _LocalRunDir, _noop
                                                 _TempRunDir)
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+# Temporary files of atomic writes: ".<target name>.<32 hex digits>.tmp".
+_TEMPORARY_RE = re.compile(r"^\..+\.[0-9a-f]{32}\.tmp$")
+
+
+def _temporary_name(fs_path: str) -> str:
+    """The hidden temporary file next to ``fs_path`` that an atomic write fills first."""
+    parent, name = posixpath.split(fs_path)
+    return posixpath.join(parent, f".{name}.{uuid.uuid4().hex}.tmp")
+
+
+def _fsync_directory(path: str) -> None:
+    """Makes a rename inside ``path`` durable, where the filesystem supports it."""
+    try:
+        fd = os.open(path or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # e.g. a FUSE mount without directory fsync (DBFS)
+    finally:
+        os.close(fd)
+
 
 # fsspec protocols whose rename is an atomic replace of the target.
 _RENAME_PROTOCOLS = {"file", "local", "hdfs", "viewfs"}
@@ -268,6 +296,14 @@ class Store(abc.ABC):
         atomically replaces ``path`` (as :meth:`write`); on an exception nothing changes."""
 
     @abc.abstractmethod
+    def remove_temporaries(self, path: PathLike) -> List[str]:
+        """Deletes the temporary files that interrupted atomic writes left in the
+        directory ``path`` (not recursively); returns their paths. Call it only while
+        nothing writes into that directory (e.g. at the start of a run, for its run
+        directory): a temporary being written is indistinguishable from a stale one.
+        Succeeds (returns ``[]``) if the directory does not exist."""
+
+    @abc.abstractmethod
     def delete(self, path: PathLike) -> None:
         """Remove the file, or the directory with everything under it, at ``path``.
 
@@ -478,10 +514,27 @@ class FilesystemStore(Store):
         parent = posixpath.dirname(fs_path)
         if self._caps.real_directories and parent:
             self._fs.create_dir(parent, recursive=True)
-        if self._caps.atomic_rename:
+        if self._caps.local_paths:
             # Same directory as the target so that the rename never crosses filesystems; the
             # leading dot hides the partial file from Parquet readers listing the directory.
-            tmp = posixpath.join(parent, f".{posixpath.basename(fs_path)}.{uuid.uuid4().hex}.tmp")
+            tmp = _temporary_name(fs_path)
+            try:
+                with open(tmp, "wb") as out:
+                    yield out
+                    out.flush()
+                    # The data is on disk before the rename: after a power loss the target
+                    # holds either the previous version or the whole new one, never an
+                    # empty file under the new name.
+                    os.fsync(out.fileno())
+                self._publish(tmp, fs_path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        elif self._caps.atomic_rename:
+            # As above, on a filesystem reached through Arrow (HDFS): closing the stream
+            # is as durable as that filesystem makes it (Arrow offers no fsync).
+            tmp = _temporary_name(fs_path)
             try:
                 with self._fs.open_output_stream(tmp) as out:
                     yield out
@@ -502,6 +555,19 @@ class FilesystemStore(Store):
                 with contextlib.suppress(OSError):
                     os.unlink(spool_path)
 
+    def remove_temporaries(self, path: PathLike) -> List[str]:
+        fs_path = self.get_fs_path(path)
+        if not self._caps.atomic_rename or self._info(fs_path).type != pafs.FileType.Directory:
+            return []  # object stores spool locally: nothing is left under the prefix
+        self._invalidate(fs_path)
+        removed = []
+        for info in self._fs.get_file_info(pafs.FileSelector(fs_path, recursive=False)):
+            if info.type == pafs.FileType.File and _TEMPORARY_RE.match(info.base_name):
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.delete_file(info.path)
+                    removed.append(self._to_store_path(info.path))
+        return sorted(removed)
+
     def _fsspec(self):
         """The fsspec filesystem behind this store, or None for a native pyarrow one."""
         return getattr(getattr(self._fs, "handler", None), "fs", None)
@@ -510,6 +576,10 @@ class FilesystemStore(Store):
         """Make the complete content at ``src`` visible at ``dst`` in one step: a rename of
         the temporary file on rename-capable filesystems, else one upload of the local spool
         file (``put_file`` of fsspec, ``copy_files`` of Arrow)."""
+        if self._caps.local_paths:
+            os.replace(src, dst)
+            _fsync_directory(posixpath.dirname(dst))  # the rename itself is durable
+            return
         if self._caps.atomic_rename:
             self._fs.move(src, dst)
             return

@@ -183,6 +183,11 @@ class _Worker:
         spec = self.spec
         store = spec.remote_store
         path = store.checkpoint_path
+        if path:
+            # Checkpoint writes killed part way left hidden temporaries: nothing else
+            # writes into the run directory yet, so they are stale.
+            for leftover in store.remove_run_temporaries():
+                self.reporter.note(f"removed {leftover}, left by an interrupted write")
         if not path or not store.exists(path):
             return 0, {}
         try:

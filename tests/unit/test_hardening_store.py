@@ -1,0 +1,97 @@
+"""Atomic writes are durable (fsync before the rename) and the temporaries of killed
+writes are removed when the run starts again."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+
+from spark_dl.spark.common.store import LocalStore
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_WRITER = textwrap.dedent("""
+    import sys, time
+    from spark_dl.spark.common.store import LocalStore
+    store = LocalStore(sys.argv[1])
+    with store.open_atomic(sys.argv[2]) as f:
+        f.write(b"x" * (1 << 20))
+        f.flush()
+        print("writing", flush=True)
+        time.sleep(60)
+""")
+
+
+def _killed_write(store, path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, store.prefix_path, path],
+                            stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout.readline().strip() == b"writing"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def test_killed_checkpoint_writes_are_cleaned_at_the_next_start(tmp_path):
+    from spark_dl.spark.common.worker import _Worker
+
+    store = LocalStore(str(tmp_path / "store"))
+    remote = store.to_remote("run1")
+    store.write(remote.checkpoint_path, b"epoch 3")
+    run_dir = store.get_fs_path(store.get_run_path("run1"))
+    for _ in range(3):
+        _killed_write(store, remote.checkpoint_path)
+    leftovers = [n for n in os.listdir(run_dir) if n.endswith(".tmp")]
+    assert len(leftovers) == 3
+    store.write(store.get_run_path("run1") + "/other.txt", b"kept")
+
+    # Rank 0 of the next start of the run, as far as the checkpoint is concerned.
+    notes = []
+    worker = object.__new__(_Worker)
+    worker.spec = types.SimpleNamespace(remote_store=remote, run_id="run1")
+    worker.reporter = types.SimpleNamespace(note=notes.append)
+    worker.adapter = types.SimpleNamespace(load_checkpoint=lambda data: (3, {"loss": [data]}))
+    start, history = worker._load_checkpoint()
+    assert (start, history) == (4, {"loss": [b"epoch 3"]})  # the checkpoint survived whole
+    assert sorted(os.listdir(run_dir)) == [os.path.basename(remote.checkpoint_path),
+                                           "other.txt"]
+    assert sum("interrupted write" in n for n in notes) == 3
+    assert store.remove_temporaries(store.get_run_path("missing")) == []
+
+
+def test_atomic_write_fsyncs_file_then_directory(tmp_path, monkeypatch):
+    store = LocalStore(str(tmp_path))
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        kind = "dir" if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")) else "file"
+        events.append(("fsync", kind))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("rename", os.path.basename(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    store.write("a/checkpoint", b"data")
+    assert events == [("fsync", "file"), ("rename", "checkpoint"), ("fsync", "dir")]
+    assert store.read("a/checkpoint") == b"data"
+    # A failed write leaves neither the target nor a temporary.
+    with pytest.raises(RuntimeError):
+        with store.open_atomic("a/other") as f:
+            f.write(b"partial")
+            raise RuntimeError("boom")
+    assert os.listdir(tmp_path / "a") == ["checkpoint"]
