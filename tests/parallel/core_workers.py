@@ -463,6 +463,8 @@ def mismatched_submissions():
                                                          process_set=ps))
             out["subset_after"] = float(sdl.allreduce(np.array([1.0]), op=sdl.Sum, name="s",
                                                       process_set=ps)[0])
+            out["subset_root"] = _error(lambda: sdl.broadcast(np.ones(2), root_rank=rank,
+                                                              name="r", process_set=ps))
     sdl.barrier()
     return out
 

@@ -174,6 +174,8 @@ def test_mismatched_submissions_fail_after_the_timeout(np_):
             assert f"'sub.{rank}'" in r["subset"] and f"rank {other} waits on 'sub.{other}'" \
                 in r["subset"], r
             assert r["subset_after"] == 2.0
+            # roots are named as the global ranks the callers passed
+            assert "rank 0 has root 0; rank 2 has root 2" in r["subset_root"], r
 
 
 def test_blocked_wait_is_interruptible():

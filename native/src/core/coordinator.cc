@@ -108,8 +108,11 @@ Response Validate(const ProcessSet& ps, const PendingName& p) {
           });
         break;
       case OpType::kBroadcast:
-        err = Compare(ps, p, *first, "root ranks",
-                      [](const Request& q) { return "root " + std::to_string(q.root); });
+        // Roots travel as indices in the set; errors name them as global ranks, as callers pass them.
+        err = Compare(ps, p, *first, "root ranks", [&ps](const Request& q) {
+          bool in_set = q.root >= 0 && q.root < ps.size();
+          return "root " + std::to_string(in_set ? ps.ranks[q.root] : q.root);
+        });
         if (err.empty())
           err = Compare(ps, p, *first, "shapes",
                         [](const Request& q) { return ShapeString(q.shape); });
