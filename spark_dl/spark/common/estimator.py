@@ -186,7 +186,8 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
                            partitions_per_process=self.getPartitionsPerProcess(),
                            verbose=int(self.getVerbose() >= 2),
                            vector_dtype=self._vector_dtype(),
-                           seed=self.getRandomSeed() or 0)
+                           seed=self.getRandomSeed() or 0,
+                           allow_nonfinite=bool(self.getAllowNonfinite()))
         dataset = Dataset.from_store(store, idx)
         self._check_dataset(dataset, num_proc)
         ctx["prepare_s"] = time.time() - started

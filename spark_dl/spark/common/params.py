@@ -295,8 +295,11 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
               _str("run_id")),
     ParamSpec("random_seed", "seed of the data shuffling and of the framework's random "
               "generators", None, _int("random_seed")),
-    ParamSpec("terminate_on_nan", "stop training when a batch loss is NaN or infinite",
-              False, _bool("terminate_on_nan")),
+    ParamSpec("terminate_on_nan", "stop training on every rank when a batch loss is NaN or "
+              "infinite (the ranks agree at each step)", True, _bool("terminate_on_nan")),
+    ParamSpec("allow_nonfinite", "keep NaN and infinite values of the data (by default "
+              "preparing the data fails, naming the column that holds them)", False,
+              _bool("allow_nonfinite"), accessor="AllowNonfinite"),
     ParamSpec("inmemory_cache_all", "keep each worker's decoded training and validation "
               "rows in memory after the first epoch", False, _bool("inmemory_cache_all"),
               accessor="InMemoryCacheAll"),

@@ -260,13 +260,24 @@ class EstimatorParamsAccessors:
         return self._set(random_seed=value)
 
     def getTerminateOnNan(self) -> Optional[bool]:
-        """Gets ``terminate_on_nan``: stop training when a batch loss is NaN or infinite."""
+        """Gets ``terminate_on_nan``: stop training on every rank when a batch loss is NaN or
+        infinite (the ranks agree at each step)."""
         return self.getOrDefault('terminate_on_nan')
 
     def setTerminateOnNan(self: _P, value: Optional[bool]) -> _P:
-        """Sets ``terminate_on_nan``: stop training when a batch loss is NaN or infinite. Returns
-        self."""
+        """Sets ``terminate_on_nan``: stop training on every rank when a batch loss is NaN or
+        infinite (the ranks agree at each step). Returns self."""
         return self._set(terminate_on_nan=value)
+
+    def getAllowNonfinite(self) -> Optional[bool]:
+        """Gets ``allow_nonfinite``: keep NaN and infinite values of the data (by default preparing
+        the data fails, naming the column that holds them)."""
+        return self.getOrDefault('allow_nonfinite')
+
+    def setAllowNonfinite(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``allow_nonfinite``: keep NaN and infinite values of the data (by default preparing
+        the data fails, naming the column that holds them). Returns self."""
+        return self._set(allow_nonfinite=value)
 
     def getInMemoryCacheAll(self) -> Optional[bool]:
         """Gets ``inmemory_cache_all``: keep each worker's decoded training and validation rows in

@@ -14,7 +14,9 @@ Spark ML DenseVector/SparseVector vector    list<double> (``vector_dtype``) via 
                                             struct<indices: list<int32>, values: list<T>>
 ================================  ========  ============================================
 
-Everything else is rejected with the column name and a fix. All checks on the data run as one
+Everything else is rejected with the column name and a fix, and so are NaN and infinite values
+in float columns, arrays and vectors (unless ``allow_nonfinite``). All checks on the data run
+as one
 Spark SQL aggregation (plus one vectorised Arrow pass over vector columns when
 ``compress_sparse`` is asked for), before any file is written.
 """
@@ -97,8 +99,10 @@ def classify(name: str, dt, vector_dtype: str) -> ColumnInfo:
                     f"{_FIXES.get(key, 'convert it to numbers, arrays of numbers or vectors')}")
 
 
-def stats_exprs(infos: Dict[str, ColumnInfo], compress_sparse: bool):
-    """Aggregate expressions for the checks, with the alias of each result."""
+def stats_exprs(infos: Dict[str, ColumnInfo], compress_sparse: bool,
+                check_finite: bool = True):
+    """Aggregate expressions for the checks, with the alias of each result; with
+    ``check_finite``, the count of rows holding NaN or an infinity per float column."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
@@ -114,11 +118,34 @@ def stats_exprs(infos: Dict[str, ColumnInfo], compress_sparse: bool):
         elif info.kind == constants.KIND_VECTOR and not compress_sparse:
             size = F.when(c.isNotNull(), F.size(vector_to_array(c)))
             exprs += [F.min(size).alias(f"min_{i}"), F.max(size).alias(f"max_{i}")]
+        if check_finite and info.dtype in _FLOAT_DTYPES:
+            exprs.append(F.sum(F.when(_nonfinite(c, info.kind), 1).otherwise(0))
+                         .alias(f"nonfinite_{i}"))
     return exprs
 
 
+# Element dtypes that can hold NaN or an infinity (vectors hold doubles).
+_FLOAT_DTYPES = ("float32", "float64")
+
+
+def _nonfinite(c, kind: str):
+    """True for a row whose value (or any element of its array or vector) is NaN or
+    infinite."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    def bad(x):
+        return F.isnan(x) | (F.abs(x) == F.lit(float("inf")))
+
+    if kind == constants.KIND_SCALAR:
+        return bad(c)
+    values = vector_to_array(c) if kind == constants.KIND_VECTOR else c
+    return F.exists(values, bad)
+
+
 def check_stats(row, infos: Dict[str, ColumnInfo], compress_sparse: bool) -> int:
-    """Raise ValueError for nulls or differing lengths; set shapes. Returns the row count."""
+    """Raise ValueError for nulls, NaN or infinite values (when counted, see
+    :func:`stats_exprs`) or differing lengths; set shapes. Returns the row count."""
     n = row["n"]
     if n == 0:
         raise ValueError("the DataFrame is empty: there is nothing to train on (check the "
@@ -129,6 +156,14 @@ def check_stats(row, infos: Dict[str, ColumnInfo], compress_sparse: bool) -> int
             raise ValueError(f"column {name!r} has {nulls} null values out of {n} rows; drop "
                              f"them (df.dropna(subset=[{name!r}])) or fill them "
                              f"(df.fillna(...)) first")
+        nonfinite = row.asDict().get(f"nonfinite_{i}") or 0
+        if nonfinite:
+            what = "values" if info.kind == constants.KIND_SCALAR else "elements"
+            raise ValueError(
+                f"column {name!r} has {nonfinite} rows out of {n} with NaN or infinite "
+                f"{what}, which train to a loss of nan; drop those rows or replace the values "
+                f"first (e.g. df.replace(float('nan'), 0.0, subset=[{name!r}])), or pass "
+                "allow_nonfinite=True to keep them")
         if info.kind == constants.KIND_SCALAR:
             info.shape = []
         elif info.kind == constants.KIND_ARRAY or not compress_sparse:

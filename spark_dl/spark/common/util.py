@@ -4,8 +4,8 @@ Steps, in order (nothing is written before step 4):
 
 1. check the arguments and the DataFrame's schema (missing columns, unsupported types);
 2. look the request up in the training-data cache (:mod:`.cache`); a hit returns at once;
-3. check the data with one Spark SQL aggregation (empty DataFrame, nulls, arrays or vectors of
-   differing lengths, validation column) and that the store is writable;
+3. check the data with one Spark SQL aggregation (empty DataFrame, nulls, NaN and infinities,
+   arrays or vectors of differing lengths, validation column) and that the store is writable;
 4. write: one ``mapInArrow`` job converts the columns with Spark's own functions
    (``vector_to_array`` for vectors), splits train/validation rows, and writes one Parquet file
    per partition and split with row groups sized for streaming;
@@ -60,7 +60,8 @@ def prepare_data(num_processes: int, store: Store, df,
                  partitions_per_process: int = 10, compress_sparse: bool = False,
                  verbose: int = 0, *, vector_dtype: str = "float64",
                  row_group_size_mb: float = 8.0, seed: int = 0,
-                 cache: Optional[TrainingDataCache] = None) -> str:
+                 cache: Optional[TrainingDataCache] = None,
+                 allow_nonfinite: bool = False) -> str:
     """Write ``df``'s feature, label and weight columns to ``store`` for training.
 
     Args:
@@ -88,6 +89,8 @@ def prepare_data(num_processes: int, store: Store, df,
         seed: seed of the random validation split.
         cache: the :class:`~spark_dl.spark.common.cache.TrainingDataCache` to use (default:
             this module's ``training_cache``).
+        allow_nonfinite: keep NaN and infinite values in float columns (by default they
+            are an error naming the column, counted in the same aggregation as nulls).
 
     Returns:
         The dataset index: pass it to ``store.get_train_data_path(idx)``,
@@ -96,7 +99,8 @@ def prepare_data(num_processes: int, store: Store, df,
     Raises:
         KeyError: a named column is not in ``df``.
         TypeError: a column has an unsupported type (the message names the fix).
-        ValueError: bad arguments, an empty DataFrame, nulls, arrays or vectors of differing
+        ValueError: bad arguments, an empty DataFrame, nulls, NaN or infinite values
+            (unless ``allow_nonfinite``), arrays or vectors of differing
             lengths, a validation split that leaves either side empty.
         PermissionError: the store cannot be written.
     """
@@ -131,6 +135,8 @@ def prepare_data(num_processes: int, store: Store, df,
               "sample_weight_col": sample_weight_col, "compress_sparse": compress_sparse,
               "vector_dtype": vector_dtype, "row_group_size_mb": row_group_size_mb,
               "seed": seed, "format": constants.METADATA_FORMAT_VERSION}
+    if allow_nonfinite:  # only then: the keys of datasets checked as before stay the same
+        params["allow_nonfinite"] = True
     key = cache_key(df, store, params)
     idx = cache.get(key)
     if idx is not None:
@@ -141,7 +147,7 @@ def prepare_data(num_processes: int, store: Store, df,
     # 3. data checks, then the store
     from pyspark.sql import functions as F
 
-    exprs = stats_exprs(infos, compress_sparse)
+    exprs = stats_exprs(infos, compress_sparse, check_finite=not allow_nonfinite)
     if val_col:
         vc = _col(val_col)
         exprs += [F.sum(F.when(vc.isNull(), 1).otherwise(0)).alias("val_nulls"),
