@@ -79,6 +79,20 @@ class WorkerAdapter(abc.ABC):
         """(model, optimizer) set on the user's callbacks."""
         return None, None
 
+    def attach_callbacks(self, callbacks: List[Any], params: Dict[str, Any]) -> None:
+        """Gives the user's callbacks this rank's objects before training: by default the
+        attributes ``model``, ``optimizer`` (:meth:`callback_objects`), ``rank``, ``size``
+        and ``params`` (epochs, steps, val_steps, batch_size, run_id)."""
+        model, optimizer = self.callback_objects()
+        for cb in callbacks:
+            cb.model, cb.optimizer, cb.params = model, optimizer, params
+            cb.rank, cb.size = params["rank"], params["size"]
+
+    def stop_requested(self) -> bool:
+        """True when the framework itself asks to stop after this epoch (e.g. a Keras
+        callback set ``model.stop_training``); the loop agrees on it across ranks."""
+        return False
+
     # ------------------------------------------------------------------ steps
 
     @abc.abstractmethod

@@ -240,6 +240,10 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         ``WorkerAdapter.result()`` returned, ``result["history"]`` the per-epoch metrics."""
         raise NotImplementedError
 
+    def _worker_env(self) -> dict:
+        """Environment variables the workers need (e.g. the framework's backend choice)."""
+        return {}
+
     def _sample_batch(self, store: Store, dataset: Dataset, rows: int = 2) -> dict:
         """The first ``rows`` training rows (column -> NumPy array), as workers read them."""
         from spark_dl.spark.common.data_loader import ArrowDataLoader
@@ -301,7 +305,8 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         ctx["launch"] = time.time()
         try:
             # Unbuffered: the workers' own prints reach the driver as they happen.
-            results = run_on_backend(backend, train, (blob,), {"PYTHONUNBUFFERED": "1"},
+            env = dict(self._worker_env(), PYTHONUNBUFFERED="1")
+            results = run_on_backend(backend, train, (blob,), env,
                                      display.stream("stdout"), display.stream("stderr"))
             result = results[0]
             ctx["returned"] = time.time()

@@ -412,8 +412,18 @@ class TableParams:
         return self._set(**kwargs)
 
 
+def _merged(specs: Sequence[ParamSpec]) -> Sequence[ParamSpec]:
+    """``specs`` with one row per name: a later row (a framework's refinement) replaces an
+    earlier one in its place."""
+    rows: Dict[str, ParamSpec] = {}
+    for s in specs:
+        rows[s.name] = s
+    return [rows[name] for name in dict.fromkeys(s.name for s in specs)]
+
+
 def params_signature(specs: Sequence[ParamSpec]) -> inspect.Signature:
     """A keyword-only signature ``(self, *, name=default, ...)`` for generated constructors."""
+    specs = _merged(specs)
     parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     parameters += [inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY, default=s.default)
                    for s in specs]
@@ -423,7 +433,7 @@ def params_signature(specs: Sequence[ParamSpec]) -> inspect.Signature:
 def params_doc(specs: Sequence[ParamSpec]) -> str:
     """A Google-style ``Args:`` section listing ``specs``."""
     lines = ["Args:"]
-    for s in specs:
+    for s in _merged(specs):
         default = "" if s.default is None else f" Default: {s.default!r}."
         lines.append(f"    {s.name}: {s.doc}.{default}")
     return "\n".join(lines)

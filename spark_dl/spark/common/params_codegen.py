@@ -26,9 +26,19 @@ OUTPUTS: Dict[str, List[Tuple[str, str]]] = {
         ("EstimatorParamsAccessors", "spark_dl.spark.common.params:ESTIMATOR_PARAMS"),
         ("ModelParamsAccessors", "spark_dl.spark.common.params:MODEL_PARAMS"),
     ],
+    "spark_dl/spark/keras/params_accessors.py": [
+        ("KerasEstimatorParamsAccessors", "spark_dl.spark.keras.params:KERAS_PARAMS"),
+        ("KerasModelParamsAccessors", "spark_dl.spark.keras.params:KERAS_MODEL_PARAMS"),
+    ],
     "spark_dl/spark/torch/params_accessors.py": [
         ("TorchEstimatorParamsAccessors", "spark_dl.spark.torch.params:TORCH_PARAMS"),
         ("TorchModelParamsAccessors", "spark_dl.spark.torch.params:TORCH_MODEL_PARAMS"),
+    ],
+    "spark_dl/spark/lightning/params_accessors.py": [
+        ("LightningEstimatorParamsAccessors",
+         "spark_dl.spark.lightning.params:LIGHTNING_PARAMS"),
+        ("LightningModelParamsAccessors",
+         "spark_dl.spark.lightning.params:LIGHTNING_MODEL_PARAMS"),
     ],
 }
 

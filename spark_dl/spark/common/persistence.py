@@ -78,6 +78,7 @@ class ParamsWriter(MLWriter):
         from spark_dl.spark.launch.pickling import pickler
 
         plain, pickled = _split(self.instance)
+        pickled = self.instance._params_to_pickle(pickled)
         try:
             blob = pickler().dumps(pickled)
         except Exception as e:
@@ -110,12 +111,20 @@ class ParamsReader(MLReader):
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         pickled = pickler().loads(_read_blob(self.sparkSession, os.path.join(path, "data")))
-        instance._set(**pickled)
+        instance._set(**instance._params_from_pickle(pickled))
         return instance
 
 
 class PersistableParams(MLReadable, MLWritable):
     """Mixin: ``write()`` / ``read()`` / ``load()`` through the two classes above."""
+
+    def _params_to_pickle(self, params: dict) -> dict:
+        """Hook: the pickled params as saved (e.g. a model as its framework's file bytes)."""
+        return params
+
+    def _params_from_pickle(self, params: dict) -> dict:
+        """Hook: the inverse of :meth:`_params_to_pickle`, on load."""
+        return params
 
     def write(self) -> MLWriter:
         """An MLWriter saving this instance (``.overwrite()`` replaces an existing path)."""

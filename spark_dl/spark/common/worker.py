@@ -170,11 +170,12 @@ class _Worker:
         self.metric_names = self.adapter.metric_names()
         params = {"epochs": spec.epochs, "steps": self.train_steps,
                   "val_steps": self.val_steps, "batch_size": spec.batch_size,
-                  "run_id": spec.run_id}
-        model, optimizer = self.adapter.callback_objects()
-        for cb in spec.callbacks:
-            cb.model, cb.optimizer, cb.rank, cb.size, cb.params = \
-                model, optimizer, self.rank, self.size, params
+                  "run_id": spec.run_id, "rank": self.rank, "size": self.size,
+                  "verbose": 0}
+        # Decided before the adapter may add rank-local callbacks (e.g. rank 0's checkpoint
+        # writer): whether ranks agree on stopping after each epoch (one allreduce).
+        self.agree_on_stop = bool(spec.callbacks)
+        self.adapter.attach_callbacks(spec.callbacks, params)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -326,9 +327,10 @@ class _Worker:
     def _callbacks_stop(self, epoch: int, logs: dict) -> bool:
         """Runs ``on_epoch_end``; True when any rank's callback asks to stop."""
         callbacks = self.spec.callbacks
-        if not callbacks:
-            return False
         callbacks_call(callbacks, "on_epoch_end", epoch, dict(logs))
-        stop = max(float(bool(getattr(cb, "stop_training", False))) for cb in callbacks)
+        if not self.agree_on_stop:
+            return False
+        stop = float(self.adapter.stop_requested() or
+                     any(getattr(cb, "stop_training", False) for cb in callbacks))
         return bool(float(self.sdl.allreduce(np.array([stop]), op=self.sdl.Max,
                                              name="estimator.stop")[0]))

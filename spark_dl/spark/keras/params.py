@@ -1,0 +1,59 @@
+"""The Keras estimator's and model's own params (the shared rows are in
+:mod:`spark_dl.spark.common.params`). Their typed accessors are generated into
+:mod:`spark_dl.spark.keras.params_accessors` (``python -m spark_dl.spark.common.params_codegen``).
+
+Keras takes losses and metrics by name (``"mse"``) as well as objects, so the shared
+``loss`` and ``metrics`` rows are refined here.
+"""
+
+from spark_dl.spark.common.params import ParamSpec, _dict, _list
+
+__all__ = ["KERAS_PARAMS", "KERAS_MODEL_PARAMS"]
+
+
+def _keras_losses(value):
+    """A loss name or callable, or a list/dict of them (one per model output)."""
+    if value is None:
+        return None
+    items = (list(value.values()) if isinstance(value, dict) else
+             list(value) if isinstance(value, (list, tuple)) else [value])
+    bad = [v for v in items if not (isinstance(v, str) or callable(v))]
+    if bad or not items:
+        raise TypeError(f"loss must be a Keras loss name (e.g. 'mse'), a loss object or "
+                        f"function, or a list/dict of them (one per output), got {value!r}")
+    return list(value) if isinstance(value, tuple) else value
+
+
+_keras_losses.annotation = "Union[str, Callable, List[Any], Dict[str, Any], None]"
+
+
+def _custom_objects(value):
+    value = _dict("custom_objects")(value)
+    if value is not None and not all(isinstance(k, str) for k in value):
+        raise TypeError("custom_objects must map names (str) to classes or functions, got "
+                        f"keys {list(value)}")
+    return value
+
+
+_custom_objects.annotation = "Optional[Dict[str, Any]]"
+
+#: ``KerasEstimator``'s rows beyond ``ESTIMATOR_PARAMS`` (same names replace shared rows).
+KERAS_PARAMS = (
+    ParamSpec("loss", "Keras loss: a name ('mse'), a loss object or function, or a list/dict "
+              "with one per model output", None, _keras_losses, pickled=True),
+    ParamSpec("metrics", "Keras metrics (names or objects, or per-output lists/dicts), "
+              "averaged over rows and workers each epoch", None, _list("metrics"),
+              pickled=True),
+    ParamSpec("custom_objects", "custom layers, losses and functions by name, needed to load "
+              "the model's .keras file (as keras.saving.load_model's custom_objects)", None,
+              _custom_objects, pickled=True),
+    ParamSpec("checkpoint_callback", "a keras.callbacks.ModelCheckpoint run on rank 0 each "
+              "epoch; its files go to the run's directory in the store (the run's own "
+              "checkpoint for resuming is written regardless)", None, pickled=True),
+)
+
+#: ``KerasModel``'s rows beyond ``MODEL_PARAMS``.
+KERAS_MODEL_PARAMS = (
+    ParamSpec("custom_objects", "custom layers, losses and functions by name, needed to load "
+              "the model", None, _custom_objects, pickled=True),
+)

@@ -1,0 +1,175 @@
+"""How Keras models travel and how columns become Keras inputs and labels.
+
+A model never travels pickled: it is saved as a ``.keras`` file (Keras' own format:
+architecture, weights, compile settings) and loaded from those bytes with the estimator's
+``custom_objects``, on the workers, on the executors for ``transform`` and in ML
+persistence alike. So a layer that cannot be saved fails on the driver, before any worker
+starts, with the layer named (:func:`check_round_trip`).
+
+Columns become model inputs in order (``feature_cols[i]`` -> ``model.inputs[i]``): each
+column's rows are reshaped to the input's shape (a vector of 784 values to ``(28, 28, 1)``
+when the input is so declared) and cast to its dtype. Labels are reshaped to the matching
+output's shape when the sizes agree (``label_shapes`` overrides), so a scalar label fits a
+``(None, 1)`` output.
+"""
+
+import os
+import shutil
+import tempfile
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+__all__ = ["model_to_bytes", "model_from_bytes", "check_round_trip", "input_specs",
+           "output_shapes", "feature_arrays", "label_arrays", "describe", "pack",
+           "unpack_outputs"]
+
+
+def model_to_bytes(model) -> bytes:
+    """``model`` as the bytes of a ``.keras`` file."""
+    tmp = tempfile.mkdtemp(prefix="spark_dl_keras_")
+    try:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        with open(path, "rb") as f:
+            return f.read()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def model_from_bytes(data: bytes, custom_objects: Optional[dict] = None, compile: bool = False):
+    """The model saved by :func:`model_to_bytes` (``compile``: restore its compile
+    settings, as ``keras.saving.load_model`` does)."""
+    import keras
+
+    tmp = tempfile.mkdtemp(prefix="spark_dl_keras_")
+    try:
+        path = os.path.join(tmp, "model.keras")
+        with open(path, "wb") as f:
+            f.write(data)
+        return keras.saving.load_model(path, custom_objects=custom_objects, compile=compile,
+                                       safe_mode=False)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _layer_hint(model) -> str:
+    """Names of the model's layers whose classes are not Keras' own."""
+    own = [f"{layer.name!r} ({type(layer).__module__}.{type(layer).__name__})" for layer in
+           getattr(model, "_flatten_layers", lambda: [])(include_self=False)
+           if not type(layer).__module__.startswith("keras.")]
+    return f"; custom layers: {', '.join(own)}" if own else ""
+
+
+def check_round_trip(model, custom_objects: Optional[dict]) -> bytes:
+    """The model's ``.keras`` bytes, after checking that they load back; raises ValueError
+    naming the custom layers and what to do when they do not."""
+    try:
+        data = model_to_bytes(model)
+    except Exception as e:
+        raise ValueError(
+            f"the model cannot be saved as a .keras file, which is how it travels to the "
+            f"workers: {type(e).__name__}: {e}{_layer_hint(model)}. Give custom layers a "
+            "get_config() returning their constructor arguments (and "
+            "@keras.saving.register_keras_serializable() or custom_objects)") from e
+    try:
+        model_from_bytes(data, custom_objects)
+    except Exception as e:
+        raise ValueError(
+            f"the model's .keras file does not load back: {type(e).__name__}: {e}"
+            f"{_layer_hint(model)}. Pass the custom classes and functions as "
+            "custom_objects={'MyLayer': MyLayer, ...}, and give custom layers a get_config() "
+            "returning their constructor arguments") from e
+    return data
+
+
+def input_specs(model) -> List[Tuple[str, List[Optional[int]], str]]:
+    """(name, shape without the batch, dtype) of each model input; raises ValueError for a
+    model that is not built."""
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):
+        inputs = None
+    if not inputs:
+        raise ValueError(
+            "the model has no defined inputs: build it before fit(), e.g. start a "
+            "Sequential model with keras.Input(shape=(n,)) or call model.build((None, n))")
+    return [(getattr(t, "name", f"input_{i}"), list(t.shape[1:]), str(t.dtype))
+            for i, t in enumerate(inputs)]
+
+
+def output_shapes(model) -> List[List[Optional[int]]]:
+    """Each model output's shape without the batch."""
+    return [list(t.shape[1:]) for t in model.outputs]
+
+
+def _rows(values) -> np.ndarray:
+    return values if isinstance(values, np.ndarray) else np.asarray(values)
+
+
+def feature_arrays(batch: Mapping[str, Any], feature_cols: Sequence[str],
+                   specs: Sequence[Tuple[str, list, str]]) -> List[np.ndarray]:
+    """One array per model input from the feature columns (see the module doc)."""
+    arrays = []
+    for col, (name, shape, dtype) in zip(feature_cols, specs):
+        values = _rows(batch[col])
+        rows = values.shape[0]
+        known = [d for d in shape if d is not None]
+        size = int(np.prod(values.shape[1:])) if values.ndim > 1 else 1
+        if None not in shape and int(np.prod(known or [1])) == size:
+            values = values.reshape([rows] + [int(d) for d in shape])
+        elif len(shape) == 1 and values.ndim == 1:
+            values = values.reshape(rows, 1)
+        arrays.append(values.astype(dtype, copy=False) if dtype and dtype != "None"
+                      else values)
+    return arrays
+
+
+def label_arrays(batch: Mapping[str, Any], label_cols: Sequence[str],
+                 out_shapes: Sequence[list], label_shapes: Optional[Sequence[list]]
+                 ) -> List[np.ndarray]:
+    """One array per label column, shaped for its output (see the module doc)."""
+    arrays = []
+    for i, col in enumerate(label_cols):
+        values = _rows(batch[col])
+        rows = values.shape[0]
+        if label_shapes:
+            values = values.reshape([rows] + [d for d in label_shapes[i][1:]]
+                                    if label_shapes[i][0] == -1 else label_shapes[i])
+        elif i < len(out_shapes) and None not in out_shapes[i]:
+            size = int(np.prod(values.shape[1:])) if values.ndim > 1 else 1
+            if int(np.prod(out_shapes[i] or [1])) == size:
+                values = values.reshape([rows] + [int(d) for d in out_shapes[i]])
+        arrays.append(values)
+    return arrays
+
+
+def pack(arrays: List[np.ndarray]):
+    """One array for a single input/output, else the list (as Keras takes them)."""
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def unpack_outputs(outputs) -> List[np.ndarray]:
+    """A model's prediction as a list of NumPy arrays (one per output)."""
+    if isinstance(outputs, dict):
+        outputs = list(outputs.values())
+    if not isinstance(outputs, (list, tuple)):
+        outputs = [outputs]
+    return [np.asarray(o) for o in outputs]
+
+
+def describe(arrays) -> str:
+    """``[(2, 4) float32, (2,) int64]`` for error messages."""
+    if isinstance(arrays, (list, tuple)):
+        return "[" + ", ".join(describe(a) for a in arrays) + "]"
+    shape = getattr(arrays, "shape", None)
+    if shape is None:
+        return type(arrays).__name__
+    return f"{tuple(shape)} {getattr(arrays, 'dtype', '')}".strip()
+
+
+def custom_scope(custom_objects: Optional[Dict[str, Any]]):
+    """``keras.saving.custom_object_scope`` over ``custom_objects`` (a no-op when None)."""
+    import keras
+
+    return keras.saving.custom_object_scope(custom_objects or {})
