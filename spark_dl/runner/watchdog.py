@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import Dict, Optional
 
 
 class Watchdog:
@@ -73,6 +73,28 @@ class Watchdog:
             self._proc = None
 
 
+def session_processes(sid: int) -> Dict[int, str]:
+    """``pid -> state letter`` (``R``, ``S``, ``T`` stopped ...) of every process of
+    session ``sid`` (Linux; elsewhere empty)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return {}
+    found = {}
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                # "pid (comm) state ppid pgrp session ...": comm may hold spaces.
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(fields[3]) == sid:
+                found[int(entry)] = fields[0].decode()
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
 def kill_session(sid: int) -> None:
     """SIGKILL to every process of session ``sid`` (Linux; elsewhere nothing).
 
@@ -82,24 +104,11 @@ def kill_session(sid: int) -> None:
     once all of it is gone, and the pid numbers wrapped around, could a stranger lead a
     session with that id (the same bound as ``killpg`` on a worker's group).
     """
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.isdigit():
-            continue
+    for pid in session_processes(sid):
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                # "pid (comm) state ppid pgrp session ...": comm may hold spaces.
-                session = int(f.read().rsplit(b")", 1)[1].split()[3])
-        except (OSError, IndexError, ValueError):
-            continue
-        if session == sid:
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _signal_groups(groups, signum) -> None:

@@ -9,6 +9,8 @@ the launcher only, which then forwards it. The rules:
   returns that worker's exit code (128+N for signal N);
 - a SIGINT/SIGTERM to the launcher is forwarded to every worker, with the same SIGKILL
   escalation; a second one kills at once; the launcher returns 128+N;
+- a worker that fails while another is stopped (SIGSTOP: its peers time out waiting for
+  it) is reported as a consequence, naming the stopped one as the cause;
 - a start check (e.g. remote workers that must register within the start timeout) that
   reports a problem stops the job like a failure, with exit code 1;
 - if the launcher itself dies, a watchdog process (:mod:`spark_dl.runner.watchdog`) stops
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from spark_dl.runner.output import OutputForwarder, TagDemux
-from spark_dl.runner.watchdog import Watchdog, kill_session
+from spark_dl.runner.watchdog import Watchdog, kill_session, session_processes
 
 # Seconds to wait, after the last worker exited, for output still in flight through
 # processes a worker left behind holding its pipes.
@@ -193,7 +195,7 @@ class WorkerGroup:
                     result = exit_code(rc)
                     what = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
                     if spec.report_failure:
-                        self.log(f"{spec.describe()} failed with {what}"
+                        self.log(self._hung_cause() + f"{spec.describe()} failed with {what}"
                                  + ("; stopping the other workers" if self._running else ""))
                 elif self._verbose:
                     self.log(f"{spec.describe()} exited with code {exit_code(rc)}")
@@ -228,6 +230,19 @@ class WorkerGroup:
                 kill_at = float("inf")
         return result
 
+    def _hung_cause(self) -> str:
+        """When a worker fails while another is stopped (SIGSTOP, a debugger), the stopped
+        one is the likely cause (its peers time out waiting for it): a sentence naming it,
+        or "" (local workers only: a remote worker's state is not visible here)."""
+        stopped = [rank for rank, proc in sorted(self._running.items())
+                   if any(state in "Tt" for state in session_processes(proc.pid).values())]
+        if not stopped:
+            return ""
+        names = ", ".join(self._specs[r].describe() for r in stopped)
+        verb = "is" if len(stopped) == 1 else "are"
+        return (f"{names} {verb} stopped (SIGSTOP, or held by a debugger) and hung the job; "
+                "as a consequence, ")
+
     def _shut_down(self, message: str, code: int) -> int:
         self.log(message)
         self._signal_all(signal.SIGTERM)
@@ -251,6 +266,8 @@ class WorkerGroup:
     def _signal_all(self, signum: int) -> None:
         for proc in list(self._running.values()):
             _signal_group(proc, signum)
+            if signum == signal.SIGTERM:
+                _signal_group(proc, signal.SIGCONT)  # a stopped worker gets its SIGTERM too
             if proc.stdin is not None:
                 # The remote bootstrap stops its worker when its stdin closes.
                 try:
