@@ -490,8 +490,21 @@ def interrupted_wait():
             res = {"interrupted": False}
         except Interrupted:
             res = {"interrupted": True, "after_s": time.monotonic() - start}
+        # Ctrl-C: SIGINT's default handler raises KeyboardInterrupt out of the wait.
+        h2 = sdl.allreduce_async(np.ones(2), op=sdl.Sum, name="late2")
+        import threading
+
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        try:
+            h2.wait()
+            res["ctrl_c"] = False
+        except KeyboardInterrupt:
+            res["ctrl_c"] = True
         sdl.broadcast(np.zeros(1), root_rank=0, name="go")  # tells rank 1 to submit
         res["value"] = h.wait(30).tolist()
+        res["value2"] = h2.wait(30).tolist()
         return res
     sdl.broadcast(np.zeros(1), root_rank=0, name="go")
-    return {"value": sdl.allreduce(np.ones(2), op=sdl.Sum, name="late").tolist()}
+    value = sdl.allreduce(np.ones(2), op=sdl.Sum, name="late").tolist()
+    return {"value": value,
+            "value2": sdl.allreduce(np.ones(2), op=sdl.Sum, name="late2").tolist()}

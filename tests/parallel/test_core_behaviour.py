@@ -181,4 +181,6 @@ def test_mismatched_submissions_fail_after_the_timeout(np_):
 def test_blocked_wait_is_interruptible():
     res = run_ranks("core_workers:interrupted_wait", 2, timeout=60)
     assert res[0]["interrupted"] and res[0]["after_s"] < 3, res
+    assert res[0]["ctrl_c"], res
     assert res[0]["value"] == res[1]["value"] == [2.0, 2.0]
+    assert res[0]["value2"] == res[1]["value2"] == [2.0, 2.0]
