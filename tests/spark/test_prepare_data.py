@@ -123,6 +123,13 @@ def test_files_and_metadata_agree(typed_df, store, cache):
     assert sum(f["rows"] for f in meta["train"]["files"]) == 60
     train_rows, val_rows, _, avg = get_dataset_properties(store, idx)
     assert (train_rows, val_rows, avg) == (60, 0, 3 * 8 + 3 * 4 + 8)
+    # Horovod's forms: prepare_data as a context manager, properties from the index alone.
+    with prepare_data(1, store, typed_df, ["y"], ["dv", "ai"], row_group_size_mb=0.0005,
+                      cache=cache) as same:
+        assert same == idx and isinstance(same, str)
+        assert get_dataset_properties(same) == get_dataset_properties(store, idx)
+    with pytest.raises(ValueError, match="which store"):
+        get_dataset_properties(str(idx))
     # Only complete files are visible in the data directory.
     names = sorted(os.listdir(meta["train"]["path"]))
     assert names == sorted(f["name"] for f in meta["train"]["files"])

@@ -198,19 +198,20 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
 
         Args:
             params: param values overriding this estimator's for this call.
-            dataset_idx: the index ``prepare_data`` returned; None reads plain Parquet from
-                the store's train (and val, if present) directories.
+            dataset_idx: the index ``prepare_data`` returned (it knows its store, so the
+                estimator's ``store`` may be unset); None reads plain Parquet from the
+                store's train (and val, if present) directories.
         """
         if params:
             return self.copy(params).fit_on_parquet(dataset_idx=dataset_idx)
         started = time.time()
         self._check_params()
-        if self.getStore() is None:
+        store = self.getStore() or getattr(dataset_idx, "store", None)
+        if store is None:
             raise ValueError("fit_on_parquet needs store: the store holding the data")
         backend = self._backend()
         num_proc = backend.num_processes()
         _check_capacity(backend)
-        store = self.getStore()
         ctx = self._begin(store)
         ctx["fit_start"] = started
         cols = self._columns()

@@ -93,8 +93,10 @@ def prepare_data(num_processes: int, store: Store, df,
             are an error naming the column, counted in the same aggregation as nulls).
 
     Returns:
-        The dataset index: pass it to ``store.get_train_data_path(idx)``,
-        :func:`get_dataset_metadata` or ``DataSource.from_store(store, idx)``.
+        The dataset index (a :class:`DatasetIndex`, a ``str``): pass it to
+        ``estimator.fit_on_parquet(dataset_idx=idx)``, ``store.get_train_data_path(idx)``,
+        :func:`get_dataset_properties` or ``DataSource.from_store(store, idx)``. It is also
+        a context manager, as in Horovod: ``with prepare_data(...) as idx:``.
 
     Raises:
         KeyError: a named column is not in ``df``.
@@ -141,7 +143,7 @@ def prepare_data(num_processes: int, store: Store, df,
     idx = cache.get(key)
     if idx is not None:
         _log(verbose, f"reusing prepared dataset {idx} (same plan and parameters)")
-        return idx
+        return DatasetIndex(idx, store)
     idx = key[:16]
 
     # 3. data checks, then the store
@@ -223,7 +225,7 @@ def prepare_data(num_processes: int, store: Store, df,
     cache.put(key, store, idx)
     _log(verbose, f"prepared dataset {idx}: {splits['train']['rows']} train / "
                   f"{splits['val']['rows']} val rows in {time.time() - t0:.1f}s")
-    return idx
+    return DatasetIndex(idx, store)
 
 
 def _check_args(num_processes, store, labels, features, validation, sample_weight_col,
@@ -303,14 +305,49 @@ def _column_meta(info, total: int) -> dict:
     return entry
 
 
-def get_dataset_metadata(store, dataset_idx) -> dict:
-    """The metadata document of a prepared dataset (see :mod:`.metadata`)."""
-    return load_metadata(store, dataset_idx)
+class DatasetIndex(str):
+    """What :func:`prepare_data` returns: the dataset's index (a ``str``), knowing its
+    store, and a context manager as Horovod's ``prepare_data`` is
+    (``with prepare_data(...) as idx:``; the dataset stays in the store afterwards, cached
+    for later fits)."""
+
+    def __new__(cls, idx: str, store: Store):
+        obj = super().__new__(cls, idx)
+        obj.store = store
+        return obj
+
+    def __reduce__(self):
+        return DatasetIndex, (str(self), self.store)
+
+    def __enter__(self) -> "DatasetIndex":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
 
 
-def get_dataset_properties(store, dataset_idx) -> Tuple[int, int, dict, float]:
-    """Horovod-style ``(train_rows, val_rows, metadata, avg_row_size)`` of a dataset."""
-    meta = load_metadata(store, dataset_idx)
+def _store_and_idx(store_or_idx, dataset_idx):
+    """(store, idx) from ``(store, idx)`` or from a :class:`DatasetIndex` alone."""
+    if dataset_idx is not None:
+        return store_or_idx, dataset_idx
+    store = getattr(store_or_idx, "store", None)
+    if store is None:
+        raise ValueError(f"dataset index {store_or_idx!r} alone does not say which store "
+                         "holds it: pass (store, dataset_idx), or the value prepare_data "
+                         "returned")
+    return store, store_or_idx
+
+
+def get_dataset_metadata(store, dataset_idx=None) -> dict:
+    """The metadata document of a prepared dataset (see :mod:`.metadata`): takes
+    ``(store, dataset_idx)`` or, as Horovod, the index :func:`prepare_data` returned."""
+    return load_metadata(*_store_and_idx(store, dataset_idx))
+
+
+def get_dataset_properties(store, dataset_idx=None) -> Tuple[int, int, dict, float]:
+    """Horovod-style ``(train_rows, val_rows, metadata, avg_row_size)`` of a dataset: takes
+    ``(store, dataset_idx)`` or, as Horovod, the index :func:`prepare_data` returned."""
+    meta = get_dataset_metadata(store, dataset_idx)
     val = meta["val"]["rows"] if meta.get("val") else 0
     return meta["train"]["rows"], val, meta, meta["avg_row_size"]
 
@@ -322,5 +359,5 @@ def remove_dataset(store, dataset_idx, cache: Optional[TrainingDataCache] = None
     delete_dataset(store, dataset_idx)
 
 
-__all__ = ["prepare_data", "clear_training_cache", "get_dataset_metadata",
+__all__ = ["prepare_data", "DatasetIndex", "clear_training_cache", "get_dataset_metadata",
            "get_dataset_properties", "remove_dataset", "training_cache"]
