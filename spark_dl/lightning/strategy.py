@@ -22,6 +22,7 @@ the one for the package the program imported.
 """
 
 import contextlib
+import functools
 import importlib
 import sys
 from typing import Any, Dict, Optional
@@ -75,6 +76,23 @@ def _op(reduce_op):
         raise ValueError(f"reduce_op {reduce_op!r} is not supported by SparkDLStrategy; use "
                          f"one of {sorted(table)}")
     return table[name]
+
+
+def _track_steps(opt) -> None:
+    """Marks ``opt.step`` the way an LR scheduler does when it is built (the scheduler now
+    follows the wrapped optimizer, whose step it did not see), so that it neither warns that
+    ``step()`` was overridden nor that it runs before the optimizer's."""
+    if hasattr(opt.step, "_wrapped_by_lr_sched"):
+        return
+    step = opt.step
+
+    @functools.wraps(step)
+    def tracked(*args, **kwargs):
+        opt._opt_called = True
+        return step(*args, **kwargs)
+
+    tracked._wrapped_by_lr_sched = True
+    opt.step = tracked
 
 
 def _build(package: str) -> type:
@@ -209,6 +227,7 @@ def _build(package: str) -> type:
                 sched = config.scheduler
                 if id(getattr(sched, "optimizer", None)) in wrapped:
                     sched.optimizer = wrapped[id(sched.optimizer)]
+                    _track_steps(sched.optimizer)
             self.optimizers = [wrapped[id(o)] for o in self.optimizers]
 
         # ------------------------------------------------------------- training

@@ -1,0 +1,29 @@
+"""PyTorch Lightning on Spark DataFrames: :class:`LightningEstimator` and
+:class:`LightningModel`.
+
+Switching from Horovod is a change of import::
+
+    from spark_dl.spark.lightning import LightningEstimator   # was horovod.spark.lightning
+
+See docs/lightning.md. The classes are imported on first use, so that a worker that
+imports :mod:`spark_dl.spark.lightning.adapter` does not load pyspark.ml.
+"""
+
+__all__ = ["LightningEstimator", "LightningModel"]
+
+_WHERE = {
+    "LightningEstimator": "spark_dl.spark.lightning.estimator",
+    "LightningModel": "spark_dl.spark.lightning.model",
+}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

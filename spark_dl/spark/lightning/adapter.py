@@ -1,0 +1,441 @@
+"""Lightning's side of the shared estimator machinery (the contract is
+:mod:`spark_dl.spark.common.adapter`).
+
+How ``Trainer.fit`` meets the shared worker loop
+------------------------------------------------
+The shared loop (:mod:`spark_dl.spark.common.worker`) owns the epochs: it reads the Arrow
+batches, resumes, writes the run's checkpoint, averages loss and metrics, decides NaN stops
+and reports to the driver. Lightning owns what happens in a step and around it: hooks,
+``self.log``, callbacks, schedulers, gradient clipping, loggers, profilers. Both run in one
+worker process as two threads that never run at the same time:
+
+- :class:`LightningWorker` starts ``Trainer.fit`` in a helper thread with
+  :class:`~spark_dl.lightning.SparkDLStrategy` and two sized iterables as its train and
+  validation data; each ``next()`` on them hands control back to the shared loop and waits
+  for the batch it gives (:class:`_Exchange`);
+- ``train_step(batch)`` / ``eval_step(batch)`` give one batch and wait until Lightning asks
+  for the next one: by then the step, its callbacks and (after an epoch's last batch) the
+  validation or the epoch's end hooks have run, and a callback (:class:`_Tap`) has recorded
+  the step's loss and logged values.
+
+So every Lightning feature works unchanged, and checkpoints, resume, metrics and progress
+have the same semantics as every other estimator. The run's checkpoint is Lightning's own
+format (``Trainer.save_checkpoint``'s dict, plus a ``"spark_dl"`` entry with the epoch and
+history), taken when the epoch's work is complete; a resumed fit restores it with
+``Trainer.fit(ckpt_path=...)`` (weights, optimizers, schedulers, callback states, loop
+counters).
+"""
+
+import dataclasses
+import importlib
+import io
+import logging
+import os
+import queue
+import tempfile
+import threading
+import warnings
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from spark_dl.spark.common.adapter import Predictor, WorkerAdapter
+from spark_dl.spark.lightning import util
+
+__all__ = ["LightningSpec", "LightningWorker", "LightningPredictor", "CHECKPOINT_FORMAT"]
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclasses.dataclass
+class LightningSpec:
+    """Lightning's part of a worker's :class:`~spark_dl.spark.common.worker.TrainSpec`."""
+
+    module: Any
+    optimizer: Any
+    losses: Optional[List[Any]]
+    input_shapes: Optional[List[List[int]]]
+    trainer_args: Dict[str, Any]
+    logger: Any
+    checkpoint_callback: Any
+    profiler: Any
+    log_every_n_steps: int
+    compression: Any
+    backward_passes_per_step: int
+    package: str
+    metric_names: List[str]
+
+
+class _Aborted(BaseException):
+    """Raised inside the fit thread when the worker loop gives up on it."""
+
+
+class _Exchange:
+    """Strict alternation between the worker loop (main thread) and ``Trainer.fit`` (helper
+    thread): exactly one of them runs at any time, so the two never issue collectives
+    concurrently and the step's records are read while Lightning waits."""
+
+    def __init__(self):
+        self.to_fit: "queue.Queue" = queue.Queue(maxsize=1)
+        self.to_loop: "queue.Queue" = queue.Queue(maxsize=1)
+
+    # Lightning's side (the fit thread).
+    def request(self, kind: str):
+        self.to_loop.put(("ready", kind))
+        item = self.to_fit.get()
+        if item is _Aborted:
+            raise _Aborted()
+        return item
+
+    # The worker loop's side.
+    def give(self, batch, thread: threading.Thread):
+        self.to_fit.put(batch)
+        return self.wait(thread)
+
+    def wait(self, thread: threading.Thread):
+        while True:
+            try:
+                return self.to_loop.get(timeout=1.0)
+            except queue.Empty:
+                if not thread.is_alive():
+                    # The thread always posts before it ends; one last look.
+                    try:
+                        return self.to_loop.get_nowait()
+                    except queue.Empty:
+                        raise RuntimeError("Lightning's fit thread ended without a "
+                                           "word") from None
+
+
+class _Feed:
+    """A sized iterable of batches that the worker loop supplies through the exchange."""
+
+    def __init__(self, exchange: _Exchange, kind: str, length: int):
+        self.exchange, self.kind, self.length = exchange, kind, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        for _ in range(self.length):
+            yield self.exchange.request(self.kind)
+
+
+def _tap_class(pl):
+    """The Lightning callback (of ``pl``'s class tree) recording each step for the loop."""
+
+    class _Tap(pl.Callback):
+        def __init__(self, worker: "LightningWorker"):
+            self.worker = worker
+            self.epoch_starts = 0
+
+        def _result(self, outputs, batch):
+            """(rows, loss, metric values) of the step that just ran: the loss the step
+            returned, else the one it logged (``train_loss``/``val_loss``/``loss``)."""
+            w = self.worker
+            logged = w.capture.values
+            loss = util.loss_of_outputs(outputs)
+            if loss is None:
+                loss = logged.get("loss")
+            values = [logged.get(n, float("nan")) for n in w.fw.metric_names]
+            return (util.rows_of(batch, w.spec.feature_cols),
+                    float("nan") if loss is None else loss, values)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.worker.capture.clear()
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx,
+                                      dataloader_idx=0):
+            self.worker.capture.clear()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.worker.last_result = self._result(outputs, batch)
+
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx,
+                                    dataloader_idx=0):
+            self.worker.last_result = self._result(outputs, batch)
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            # The previous epoch (training, validation, epoch-end hooks, schedulers) is
+            # complete: its checkpoint, which resumes at the start of this epoch.
+            self.epoch_starts += 1
+            if self.epoch_starts > 1:
+                self.worker.take_checkpoint(trainer)
+
+        def on_train_end(self, trainer, pl_module):
+            self.worker.take_checkpoint(trainer)
+
+    return _Tap
+
+
+class _LoopCallback:
+    """What the shared loop sees of the user's callbacks: one object whose
+    ``stop_training`` is True once Lightning's fit has ended (an EarlyStopping callback,
+    ``trainer.should_stop``); Lightning decides that on every rank alike."""
+
+    def __init__(self, worker: "LightningWorker"):
+        self.worker = worker
+        self.params: Dict[str, Any] = {}
+
+    @property
+    def stop_training(self) -> bool:
+        return self.worker.stop_requested()
+
+
+def _device(use_gpu: bool) -> torch.device:
+    return torch.device("cuda") if use_gpu and torch.cuda.is_available() else torch.device("cpu")
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    return obj
+
+
+def redirect_logger(logger, root: str) -> None:
+    """Points a Lightning TensorBoard/CSV logger at ``root`` (other loggers keep theirs)."""
+    for attr in ("_root_dir", "_save_dir"):
+        if hasattr(logger, attr):
+            setattr(logger, attr, root)
+
+
+class LightningWorker(WorkerAdapter):
+    """One rank's Lightning training (see the module doc)."""
+
+    def __init__(self, spec, rank: int, size: int, local_rank: int):
+        fw: LightningSpec = spec.framework
+        self.spec, self.fw, self.rank = spec, fw, rank
+        self.pl = importlib.import_module(fw.package)
+        self.device = _device(spec.use_gpu)
+        if spec.random_seed is not None:
+            torch.manual_seed(spec.random_seed + rank)
+        self.module = fw.module
+        self.dtype = util.module_dtype(self.module)
+        util.install_default_steps(self.module, fw.losses, fw.optimizer, spec.feature_cols,
+                                   spec.label_cols)
+        self.capture = util.LogCapture(self.module)
+        # The user's callbacks are Lightning's; the shared loop gets one stand-in.
+        self.callbacks = list(spec.callbacks or [])
+        self.loop_callback = _LoopCallback(self)
+        spec.callbacks = [self.loop_callback]
+        self.exchange = _Exchange()
+        self.thread: Optional[threading.Thread] = None
+        self.state: Optional[str] = None      # what Lightning waits for: "train", "val"
+        self.finished = False
+        self.last_result = (0, float("nan"), [])
+        self.resume_payload: Optional[bytes] = None
+        self.ckpt_path: Optional[str] = None
+        self.checkpoint: Optional[dict] = None
+        self.trainer = None
+
+    # ------------------------------------------------------------------ state
+
+    def load_checkpoint(self, payload: bytes):
+        ckpt = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+        ours = ckpt.get("spark_dl") if isinstance(ckpt, dict) else None
+        if not ours or ours.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"it is not a spark_dl Lightning checkpoint of format "
+                             f"{CHECKPOINT_FORMAT}")
+        try:
+            self.module.load_state_dict(ckpt["state_dict"])
+        except (RuntimeError, KeyError) as e:
+            raise ValueError(f"it does not fit this module ({e})") from None
+        self.resume_payload = payload
+        return int(ours["epoch"]), ours.get("history")
+
+    def take_checkpoint(self, trainer) -> None:
+        """Lightning's checkpoint dict of the current state (rank 0; called in the fit
+        thread at the points where an epoch is complete)."""
+        if self.rank == 0:
+            self.checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+
+    def save_checkpoint(self, epoch: int, history: dict) -> bytes:
+        if self.checkpoint is None:
+            raise RuntimeError("no Lightning checkpoint was taken at the end of the epoch")
+        ckpt = dict(self.checkpoint)
+        ckpt["spark_dl"] = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "history": history,
+                            "run_id": self.spec.run_id}
+        buf = io.BytesIO()
+        torch.save(ckpt, buf)
+        self._sync_outputs()
+        return buf.getvalue()
+
+    def broadcast_state(self, root_rank: int) -> None:
+        import spark_dl.torch as sdl
+
+        payload = sdl.broadcast_object(self.resume_payload, root_rank=root_rank,
+                                       name="lightning.resume")
+        if payload is None:
+            sdl.broadcast_parameters(self.module.state_dict(), root_rank=root_rank)
+            return
+        # Every rank restores the whole Lightning state from the same file.
+        path = os.path.join(tempfile.mkdtemp(prefix="spark_dl_resume_"), "resume.ckpt")
+        with open(path, "wb") as f:
+            f.write(payload)
+        self.ckpt_path = path
+        if self.rank != root_rank:
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+            self.module.load_state_dict(ckpt["state_dict"])
+
+    def result(self) -> dict:
+        self.capture.remove()
+        metrics = {}
+        if self.trainer is not None:
+            for k, v in self.trainer.callback_metrics.items():
+                value = util.scalar(v)
+                if value is not None:
+                    metrics[k] = value
+        return {"state_dict": _to_cpu(self.module.state_dict()), "logged_metrics": metrics}
+
+    def callback_objects(self):
+        return self.module, None
+
+    def stop_requested(self) -> bool:
+        """True once Lightning's fit ended before the last epoch (e.g. EarlyStopping)."""
+        return self.finished and (self.trainer is None or
+                                  self.trainer.current_epoch < self.spec.epochs)
+
+    # ------------------------------------------------------------------ outputs
+
+    def _output_dir(self) -> Optional[str]:
+        """This run's local output directory (the run directory of a local store)."""
+        store = self.spec.remote_store
+        if getattr(self, "_out", None) is None and store.run_path is not None:
+            self._out_ctx = store.get_local_output_dir()
+            self._out = self._out_ctx.__enter__()
+        return getattr(self, "_out", None)
+
+    def _sync_outputs(self) -> None:
+        out = getattr(self, "_out", None)
+        if out is not None and self.rank == 0:
+            self.spec.remote_store.sync(out)
+
+    # ------------------------------------------------------------------ the fit thread
+
+    def _trainer(self):
+        fw, spec = self.fw, self.spec
+        from spark_dl.lightning.strategy import strategy_class
+
+        strategy = strategy_class(fw.package)(compression=fw.compression)
+        out = self._output_dir()
+        callbacks = list(self.callbacks)
+        logger = fw.logger if fw.logger is not None else False
+        if out is not None:
+            if logger:
+                redirect_logger(logger, os.path.join(out, spec.remote_store.store
+                                                     .get_logs_subdir()))
+            if fw.checkpoint_callback is not None and fw.checkpoint_callback.dirpath is None:
+                fw.checkpoint_callback.dirpath = os.path.join(out, "checkpoints")
+        if fw.checkpoint_callback is not None:
+            callbacks.append(fw.checkpoint_callback)
+        callbacks.append(_tap_class(self.pl)(self))
+        checkpointing = any(isinstance(cb, self.pl.callbacks.ModelCheckpoint)
+                            for cb in callbacks)
+        kwargs = dict(fw.trainer_args or {})
+        kwargs.update(
+            strategy=strategy, accelerator="gpu" if self.device.type == "cuda" else "cpu",
+            devices=1, max_epochs=spec.epochs, callbacks=callbacks, logger=logger,
+            enable_checkpointing=checkpointing, enable_progress_bar=False,
+            enable_model_summary=False, num_sanity_val_steps=0, profiler=fw.profiler,
+            log_every_n_steps=fw.log_every_n_steps,
+            accumulate_grad_batches=fw.backward_passes_per_step,
+            default_root_dir=out or tempfile.mkdtemp(prefix="spark_dl_lightning_"))
+        return self.pl.Trainer(**kwargs)
+
+    def _start(self) -> None:
+        if self.spec.verbose < 2:
+            # The estimator reports progress; Lightning's start-up lines repeat per rank.
+            logging.getLogger(self.fw.package).setLevel(logging.WARNING)
+            warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")
+        params = self.loop_callback.params
+        train = _Feed(self.exchange, "train", params["steps"])
+        val = _Feed(self.exchange, "val", params["val_steps"]) if params["val_steps"] else None
+        self.trainer = trainer = self._trainer()
+
+        def fit():
+            try:
+                trainer.fit(self.module, train_dataloaders=train, val_dataloaders=val,
+                            ckpt_path=self.ckpt_path)
+                self.exchange.to_loop.put(("finished", None))
+            except BaseException as e:  # noqa: BLE001 - handed to the worker loop
+                self.exchange.to_loop.put(("error", e))
+
+        self.thread = threading.Thread(target=fit, name="spark_dl-lightning-fit", daemon=True)
+        self.thread.start()
+        self._take(self.exchange.wait(self.thread))
+
+    def _take(self, message) -> None:
+        kind, value = message
+        if kind == "ready":
+            self.state = value
+        elif kind == "finished":
+            self.state, self.finished = None, True
+        else:
+            self.state, self.finished = None, True
+            raise value
+
+    def _step(self, batch, kind: str):
+        if self.finished:
+            # Lightning stopped inside the epoch (a callback set should_stop): the shared
+            # loop finishes the epoch without training and stops after it.
+            return 0, 0.0, [0.0] * len(self.fw.metric_names)
+        if self.state != kind:
+            raise RuntimeError(f"Lightning waits for a {self.state} batch, the estimator gives "
+                               f"a {kind} batch: a trainer argument or callback changed the "
+                               "loop's shape")
+        self._take(self.exchange.give(batch, self.thread))
+        return self.last_result
+
+    # ------------------------------------------------------------------ steps
+
+    def to_tensors(self, arrays: Dict[str, np.ndarray]) -> Dict[str, torch.Tensor]:
+        return util.to_batch(arrays, self.spec.feature_cols, self.fw.input_shapes, self.dtype)
+
+    def metric_names(self) -> List[str]:
+        return list(self.fw.metric_names)
+
+    def begin_epoch(self, epoch: int, training: bool) -> None:
+        if training and self.thread is None:
+            self._start()
+
+    def train_step(self, batch):
+        return self._step(batch, "train")
+
+    def eval_step(self, batch):
+        return self._step(batch, "val")
+
+
+class LightningPredictor(Predictor):
+    """A LightningModule's ``forward`` in eval mode, without gradients, ``batch_size`` rows
+    at a time; features converted as in training (:func:`~.util.to_batch`)."""
+
+    def __init__(self, module, feature_cols, input_shapes, batch_size: int):
+        self.module = module
+        self.feature_cols = list(feature_cols)
+        self.input_shapes = input_shapes
+        self.batch_size = batch_size
+
+    def prepare(self) -> None:
+        self.module.eval()
+
+    def predict(self, arrays):
+        module = self.module
+        modes = [(m, m.training) for m in module.modules()]
+        module.eval()
+        dtype = util.module_dtype(module)
+        n = len(next(iter(arrays.values())))
+        outs: List[List[np.ndarray]] = []
+        try:
+            with torch.no_grad():
+                for start in range(0, n, self.batch_size):
+                    part = {c: arrays[c][start:start + self.batch_size] for c in self.feature_cols}
+                    batch = util.to_batch(part, self.feature_cols, self.input_shapes, dtype)
+                    result = module(*util.feature_inputs(batch, self.feature_cols))
+                    results = list(result) if isinstance(result, (list, tuple)) else [result]
+                    outs.append([r.detach().cpu().numpy() for r in results])
+        finally:
+            for m, mode in modes:
+                m.training = mode
+        return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
