@@ -425,6 +425,8 @@ def _other_optimizer():
     ({"input_shapes": [[-1, 2, 3]]}, ValueError,
      "'features' has 4 value.s. per row, but shape \\[-1, 2, 3\\] takes 6"),
     ({"input_shapes": [[-1, 4], [-1, 1]]}, ValueError, "input_shapes has 2 shapes for 1"),
+    # A shape without the batch dimension (-1): it says the first dimension is the batch.
+    ({"input_shapes": [[4]]}, ValueError, r"first dimension of an input shape is the batch"),
     ({"model": torch.nn.Linear(3, 1)}, ValueError,
      r"(?s)the model cannot be applied to the training data.*\(2, 4\) float32"),
     ({"model": torch.nn.Linear(4, 3), "loss": F.mse_loss}, ValueError,

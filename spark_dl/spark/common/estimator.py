@@ -245,9 +245,12 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         """Environment variables the workers need (e.g. the framework's backend choice)."""
         return {}
 
-    def _sample_batch(self, store: Store, dataset: Dataset, rows: int = 2) -> dict:
-        """The first ``rows`` training rows (column -> NumPy array), as workers read them."""
+    def _sample_batch(self, store: Store, dataset: Dataset, rows: Optional[int] = None) -> dict:
+        """The first ``rows`` training rows (column -> NumPy array), as workers read them
+        (default: 2, or 1 with ``batch_size=1``, so shapes that fix the batch size fit)."""
         from spark_dl.spark.common.data_loader import ArrowDataLoader
+
+        rows = rows or min(2, self.getBatchSize())
 
         loader = ArrowDataLoader(dataset.source(store, "train"), batch_size=rows,
                                  shuffle=False, num_threads=1, equal_steps=False,

@@ -77,9 +77,11 @@ def feature_tensors(batch: Mapping[str, object], feature_cols: Sequence[str],
             t = t.reshape(shape)
         except RuntimeError:
             per_row = t[0].numel() if t.dim() and len(t) else 0
-            raise ValueError(f"feature column {col!r} has {per_row} value(s) per row, which "
-                             f"do not fit input shape {list(shape)}; fix input_shapes (its "
-                             f"sizes after -1 must multiply to {per_row})") from None
+            raise ValueError(f"feature column {col!r}: a batch of {len(t) if t.dim() else 1} "
+                             f"row(s) of {per_row} value(s) does not fit input shape "
+                             f"{list(shape)}; the first dimension of an input shape is the "
+                             f"batch: use -1 there (e.g. [-1, {per_row}]), and the sizes after "
+                             f"it must multiply to {per_row}") from None
         if device is not None:
             t = t.to(device, non_blocking=True)
         inputs.append(t)
