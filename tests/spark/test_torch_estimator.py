@@ -508,3 +508,29 @@ def test_progress_display_parses_events_and_passes_lines_through():
     assert "Epoch 1/2: loss 0.25, val_loss 0.5 | 1,234 rows/s | 2.0s\n" in text
     assert MARK not in text
     assert [e["kind"] for e in seen] == ["start", "step", "epoch"]
+
+
+# Every param of horovod.spark's EstimatorParams and TorchEstimator (0.28.1).
+HOROVOD_TORCH_PARAMS = [
+    "num_proc", "data_module", "model", "backend", "store", "metrics", "loss",
+    "gradient_compression", "compress_sparse_cols", "optimizer", "backward_passes_per_step",
+    "loss_weights", "sample_weight_col", "feature_cols", "continuous_cols", "categorical_cols",
+    "label_cols", "validation", "callbacks", "batch_size", "val_batch_size", "epochs",
+    "train_steps_per_epoch", "validation_steps_per_epoch", "transformation_fn",
+    "train_reader_num_workers", "val_reader_num_workers", "reader_pool_type",
+    "shuffle_buffer_size", "shuffle", "partitions_per_process", "run_id", "verbose",
+    "random_seed", "label_shapes", "inmemory_cache_all", "use_gpu", "mp_start_method",
+    "backend_env", "input_shapes", "loss_constructors", "train_minibatch_fn",
+]
+
+
+def test_every_horovod_param_is_accepted_and_meaningless_ones_say_so(store, capsys):
+    known = set(TorchEstimator._param_specs)
+    assert not set(HOROVOD_TORCH_PARAMS) - known
+    est = estimator(store, reader_pool_type="process", mp_start_method="spawn",
+                    continuous_cols=["features"], shuffle=False, backend_env={"A": "1"})
+    est._check_params()
+    printed = capsys.readouterr().out
+    assert "reader_pool_type is ignored: the Arrow loader reads with threads" in printed
+    assert "mp_start_method is ignored" in printed and "continuous_cols is ignored" in printed
+    assert "shuffle" not in printed and est.getShuffle() is False

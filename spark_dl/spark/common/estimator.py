@@ -123,6 +123,15 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
             raise ValueError(f"loss_weights has {len(weights)} values for {len(labels)} label "
                              f"columns {labels}")
         self._check_params_more()
+        self._note_ignored_params()
+
+    def _note_ignored_params(self) -> None:
+        """One line per Horovod param that is set but means nothing here."""
+        for spec in type(self)._param_specs.values():
+            if spec.ignored and self.isSet(self.getParam(spec.name)) and \
+                    self.getOrDefault(spec.name) is not None:
+                print(f"{type(self).__name__}: {spec.name} is ignored: {spec.ignored}",
+                      flush=True)
 
     def _check_params_more(self) -> None:
         """Framework checks of the params (model, optimizer, loss ...)."""
@@ -187,7 +196,8 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
                            verbose=int(self.getVerbose() >= 2),
                            vector_dtype=self._vector_dtype(),
                            seed=self.getRandomSeed() or 0,
-                           allow_nonfinite=bool(self.getAllowNonfinite()))
+                           allow_nonfinite=bool(self.getAllowNonfinite()),
+                           compress_sparse=bool(self.getCompressSparseCols()))
         dataset = Dataset.from_store(store, idx)
         self._check_dataset(dataset, num_proc)
         ctx["prepare_s"] = time.time() - started
@@ -296,7 +306,7 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
             cache_all=self.getInMemoryCacheAll(),
             train_threads=self.getTrainReaderNumWorkers(),
             val_threads=self.getValReaderNumWorkers(), use_gpu=self.getUseGpu(),
-            verbose=verbose, run_id=run_id)
+            verbose=verbose, run_id=run_id, shuffle=self.getShuffle() is not False)
         blob = _pickle_or_explain(spec)
         display = ProgressDisplay(verbose, listeners=[board.on_event])
         name = type(self).__name__
@@ -309,7 +319,8 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         ctx["launch"] = time.time()
         try:
             # Unbuffered: the workers' own prints reach the driver as they happen.
-            env = dict(self._worker_env(), PYTHONUNBUFFERED="1")
+            env = dict(self.getBackendEnv() or {}, **self._worker_env(),
+                       PYTHONUNBUFFERED="1")
             results = run_on_backend(backend, train, (blob,), env,
                                      display.stream("stdout"), display.stream("stderr"))
             result = results[0]

@@ -48,6 +48,8 @@ class ParamSpec:
         aliases: more stems, for Horovod's spellings that differ from the generated one.
         annotation: the value's type in the generated accessors (default: the converter's
             ``annotation``, else ``Any``).
+        ignored: for a Horovod param that means nothing here, why: it is accepted (so
+            Horovod code runs unchanged) and setting it prints this one-line note.
     """
 
     name: str
@@ -58,6 +60,7 @@ class ParamSpec:
     accessor: Optional[str] = None
     aliases: Tuple[str, ...] = ()
     annotation: Optional[str] = None
+    ignored: Optional[str] = None
 
     @property
     def type_hint(self) -> str:
@@ -313,6 +316,26 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
               "available", True, _bool("use_gpu")),
     ParamSpec("verbose", "0 quiet, 1 a line per epoch and a progress bar, 2 also data "
               "preparation and launch details", 1, _verbose),
+    ParamSpec("shuffle", "shuffle the training rows every epoch (seeded; validation rows "
+              "are never shuffled)", True, _bool("shuffle")),
+    ParamSpec("compress_sparse_cols", "store vector columns holding only SparseVectors as "
+              "(indices, values) in the prepared data; the loader densifies each batch",
+              False, _bool("compress_sparse_cols")),
+    ParamSpec("backend_env", "environment variables for the training processes", None,
+              _dict("backend_env")),
+    ParamSpec("reader_pool_type", "Horovod's Petastorm reader pool ('thread'/'process')",
+              None, ignored="the Arrow loader reads with threads "
+              "(train_reader_num_workers, val_reader_num_workers)"),
+    ParamSpec("mp_start_method", "Horovod's multiprocessing start method for its backend",
+              None, ignored="spark_dl's task services start the training processes"),
+    ParamSpec("data_module", "Horovod's data loader module", None, pickled=True,
+              ignored="training reads the prepared data with spark_dl's Arrow loader"),
+    ParamSpec("continuous_cols", "Horovod's continuous feature columns", None,
+              _columns("continuous_cols"), ignored="list every feature column in "
+              "feature_cols"),
+    ParamSpec("categorical_cols", "Horovod's categorical feature columns", None,
+              _columns("categorical_cols"), ignored="list every feature column in "
+              "feature_cols"),
     ParamSpec("backend", "runs the training function on the workers (default: "
               "SparkBackend(num_proc)); exclusive with num_proc", None, pickled=True,
               annotation='Optional["Backend"]'),

@@ -349,6 +349,76 @@ class EstimatorParamsAccessors:
         and launch details. Returns self."""
         return self._set(verbose=value)
 
+    def getShuffle(self) -> Optional[bool]:
+        """Gets ``shuffle``: shuffle the training rows every epoch (seeded; validation rows are
+        never shuffled)."""
+        return self.getOrDefault('shuffle')
+
+    def setShuffle(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``shuffle``: shuffle the training rows every epoch (seeded; validation rows are
+        never shuffled). Returns self."""
+        return self._set(shuffle=value)
+
+    def getCompressSparseCols(self) -> Optional[bool]:
+        """Gets ``compress_sparse_cols``: store vector columns holding only SparseVectors as
+        (indices, values) in the prepared data; the loader densifies each batch."""
+        return self.getOrDefault('compress_sparse_cols')
+
+    def setCompressSparseCols(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``compress_sparse_cols``: store vector columns holding only SparseVectors as
+        (indices, values) in the prepared data; the loader densifies each batch. Returns self."""
+        return self._set(compress_sparse_cols=value)
+
+    def getBackendEnv(self) -> Optional[Dict[str, Any]]:
+        """Gets ``backend_env``: environment variables for the training processes."""
+        return self.getOrDefault('backend_env')
+
+    def setBackendEnv(self: _P, value: Optional[Dict[str, Any]]) -> _P:
+        """Sets ``backend_env``: environment variables for the training processes. Returns self."""
+        return self._set(backend_env=value)
+
+    def getReaderPoolType(self) -> Any:
+        """Gets ``reader_pool_type``: Horovod's Petastorm reader pool ('thread'/'process')."""
+        return self.getOrDefault('reader_pool_type')
+
+    def setReaderPoolType(self: _P, value: Any) -> _P:
+        """Sets ``reader_pool_type``: Horovod's Petastorm reader pool ('thread'/'process'). Returns
+        self."""
+        return self._set(reader_pool_type=value)
+
+    def getMpStartMethod(self) -> Any:
+        """Gets ``mp_start_method``: Horovod's multiprocessing start method for its backend."""
+        return self.getOrDefault('mp_start_method')
+
+    def setMpStartMethod(self: _P, value: Any) -> _P:
+        """Sets ``mp_start_method``: Horovod's multiprocessing start method for its backend. Returns
+        self."""
+        return self._set(mp_start_method=value)
+
+    def getDataModule(self) -> Any:
+        """Gets ``data_module``: Horovod's data loader module."""
+        return self.getOrDefault('data_module')
+
+    def setDataModule(self: _P, value: Any) -> _P:
+        """Sets ``data_module``: Horovod's data loader module. Returns self."""
+        return self._set(data_module=value)
+
+    def getContinuousCols(self) -> Optional[List[str]]:
+        """Gets ``continuous_cols``: Horovod's continuous feature columns."""
+        return self.getOrDefault('continuous_cols')
+
+    def setContinuousCols(self: _P, value: Optional[List[str]]) -> _P:
+        """Sets ``continuous_cols``: Horovod's continuous feature columns. Returns self."""
+        return self._set(continuous_cols=value)
+
+    def getCategoricalCols(self) -> Optional[List[str]]:
+        """Gets ``categorical_cols``: Horovod's categorical feature columns."""
+        return self.getOrDefault('categorical_cols')
+
+    def setCategoricalCols(self: _P, value: Optional[List[str]]) -> _P:
+        """Sets ``categorical_cols``: Horovod's categorical feature columns. Returns self."""
+        return self._set(categorical_cols=value)
+
     def getBackend(self) -> Optional["Backend"]:
         """Gets ``backend``: runs the training function on the workers (default:
         SparkBackend(num_proc)); exclusive with num_proc."""

@@ -65,6 +65,7 @@ class TrainSpec:
     use_gpu: bool
     verbose: int
     run_id: str
+    shuffle: bool = True
 
     @property
     def columns(self) -> List[str]:
@@ -219,7 +220,8 @@ class _Worker:
             {"shuffle_buffer_size": spec.shuffle_buffer_size}
         return ArrowDataLoader(spec.dataset.source(spec.remote_store, split),
                                batch_size=batch_size, rank=self.rank, size=self.size,
-                               columns=spec.columns, shuffle=split == "train", seed=spec.seed,
+                               columns=spec.columns, shuffle=split == "train" and spec.shuffle,
+                               seed=spec.seed,
                                num_threads=threads, cache_in_memory=spec.cache_all, **kwargs)
 
     def _batch(self, arrays):
