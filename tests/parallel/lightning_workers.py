@@ -165,3 +165,39 @@ def collectives():
         "ragged": [g.tolist() for g in gather_all_tensors(torch.arange(r + 2.0))],
         "ragged2d": [list(g.shape) for g in gather_all_tensors(torch.zeros(r + 1, r + 2))],
     }
+
+
+def fit_pytorch_lightning():
+    """The strategy built for the ``pytorch_lightning`` package's class tree."""
+    import pytorch_lightning as ptl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import spark_dl.torch as sdl
+    from spark_dl.lightning import strategy_class
+
+    sdl.init()
+
+    class Module(ptl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = _net()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=LR)
+
+    (x, y), _ = _data()
+    # Different data per rank: only the averaged gradients keep the weights equal.
+    x = x + sdl.rank()
+    strategy = strategy_class("pytorch_lightning")()
+    trainer = ptl.Trainer(strategy=strategy, accelerator="cpu", max_epochs=1, logger=False,
+                          enable_progress_bar=False, enable_model_summary=False,
+                          enable_checkpointing=False)
+    module = Module()
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=BATCH))
+    return {"weights": [p.detach().clone() for p in module.parameters()],
+            "base": [c.__module__.split(".")[0] for c in type(strategy).__mro__[1:3]],
+            "steps": trainer.global_step}

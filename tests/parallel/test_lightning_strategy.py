@@ -58,3 +58,10 @@ def test_collectives():
         assert r["any"] is True and r["all"] is False
         assert r["ragged"] == [[0.0, 1.0], [0.0, 1.0, 2.0]]
         assert r["ragged2d"] == [[1, 2], [2, 3]]
+
+
+def test_pytorch_lightning_package():
+    r0, r1 = _launch("fit_pytorch_lightning")
+    assert r0["base"] == ["pytorch_lightning", "pytorch_lightning"]
+    assert r0["steps"] == 8
+    assert _close(r0["weights"], r1["weights"], tol=0.0), "ranks ended with different weights"
