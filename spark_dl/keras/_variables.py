@@ -31,10 +31,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set,
     """
     _backend.require_supported("broadcast_variables")
     variables = list(variables)
-    n = _ops.set_size(process_set)
-    if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < n:
-        raise InvalidArgumentError(
-            f"root_rank={root_rank!r} is not a rank of the process set (0..{n - 1})")
+    _ops.root_index(root_rank, process_set)  # a global rank, a member of the set
     if not variables:
         return None
     if _backend.BACKEND == "tensorflow":

@@ -25,7 +25,7 @@ from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import CompositeHandle
 
-__all__ = ["call", "run_collective", "XLA_MESSAGE"]
+__all__ = ["call", "run_collective", "XLA_MESSAGE", "XlaNotSupportedError"]
 
 XLA_MESSAGE = (
     "spark_dl's TensorFlow collectives cannot run inside an XLA-compiled function "
@@ -38,10 +38,18 @@ except ImportError:  # pragma: no cover
     _in_xla = None
 
 
+class XlaNotSupportedError(InvalidArgumentError):
+    """A collective was traced inside an XLA-compiled function."""
+
+    # AutoGraph re-raises errors from traced code as its StagingError unless the type is
+    # constructible from the message alone; with this __init__ it keeps this type.
+    __init__ = Exception.__init__
+
+
 def _check_not_xla():
     if _in_xla is not None and not tf.executing_eagerly() and _in_xla(
             tf.compat.v1.get_default_graph()):
-        raise InvalidArgumentError(XLA_MESSAGE)
+        raise XlaNotSupportedError(XLA_MESSAGE)
 
 
 def _wait(handles, name):
@@ -63,20 +71,30 @@ def run_collective(kind, arrays, names, group, process_set, **kw):
     With ``group`` set (a grouped operation) the members are negotiated and fused as one unit.
     """
     handles = []
-    gsize = len(arrays) if group else 0
+    arrays = [_np(a) for a in arrays]
+    # One group per dtype: the core fuses a group into one buffer and (as of this
+    # writing) corrupts memory when a group mixes dtypes.
+    subgroup, gsize = {}, {}
+    if group:
+        for a in arrays:
+            gsize[a.dtype] = gsize.get(a.dtype, 0) + 1
+        multi = len(gsize) > 1
+        for a in arrays:
+            subgroup[a.dtype] = f"{group}.{a.dtype.name}" if multi else group
     for a, name in zip(arrays, names):
-        a = _np(a)
+        kw_group = dict(group=subgroup[a.dtype], group_size=gsize[a.dtype]) if group \
+            else dict(group="", group_size=0)
         if kind in ("allreduce", "broadcast"):
             out = np.empty_like(a) if kind == "allreduce" else a.copy()
             h = _ops.submit(kind, name, a, out, finish=lambda o, i, out=out: out,
-                            process_set=process_set, group=group or "", group_size=gsize, **kw)
+                            process_set=process_set, **kw_group, **kw)
         elif kind == "alltoall":
             splits = kw.pop("splits")
             h = _ops.submit(kind, name, a, splits=splits, process_set=process_set,
                             finish=lambda o, i: (_from(o), np.asarray(i, dtype=np.int32)), **kw)
         else:  # allgather, reducescatter: the core allocates the output
             h = _ops.submit(kind, name, a, finish=lambda o, i: _from(o),
-                            process_set=process_set, group=group or "", group_size=gsize, **kw)
+                            process_set=process_set, **kw_group, **kw)
         handles.append(h)
     return _wait(handles, group or (names[0] if names else kind))
 

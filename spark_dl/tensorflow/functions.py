@@ -16,7 +16,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 
     Args:
         variables: ``tf.Variable`` or Keras 3 variables, in the same order on every rank.
-        root_rank: the rank within ``process_set`` whose values everyone takes.
+        root_rank: the global rank (a member of ``process_set``) whose values everyone takes.
         inplace: accepted for Horovod compatibility (the assignment is always in place).
 
     Returns:

@@ -11,7 +11,7 @@ Horovod's conventions:
 - ``allgather``: this rank's rows of the set-average of the incoming gradients;
 - ``broadcast``: the set-average of the incoming gradients on the root, zeros elsewhere;
 - ``alltoall``: the incoming gradients sent back where they came from;
-- ``reducescatter``: the incoming gradients gathered (divided by the set size for Average).
+- ``reducescatter``: the incoming gradients gathered (times the set size for Sum).
 
 Every member of the process set must run the backward pass too, as the forward pass.
 XLA (``jit_compile=True``) cannot call these ops; they raise a clear error when traced there.
@@ -231,10 +231,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 # ----------------------------------------------------------------------------- broadcast
 
 def _check_root(root_rank, process_set):
-    n = set_size(process_set)
-    if not isinstance(root_rank, (int, np.integer)) or not 0 <= int(root_rank) < n:
-        raise InvalidArgumentError(
-            f"root_rank={root_rank!r} is not a rank of the process set (0..{n - 1})")
+    """Raises before anything is traced when ``root_rank`` (a global rank) is not a member."""
+    _ops.root_index(root_rank, process_set)
 
 
 def _broadcast_raw(tensors, root_rank, name, process_set, names=None):
@@ -251,7 +249,8 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """Returns ``root_rank``'s ``tensor`` on every member of ``process_set``.
 
-    ``root_rank`` is a rank within the set. Differentiable for floating tensors.
+    ``root_rank`` is a global rank, a member of the set (as in Horovod). Differentiable
+    for floating tensors.
     """
     _check_root(root_rank, process_set)
     tensor = tf.convert_to_tensor(tensor)
@@ -265,7 +264,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
         def grad(dy):
             g, = _allreduce_raw([dy], Average, 1.0, 1.0, _grad_name(name), process_set,
                                 grouped=False)
-            return g if set_rank(process_set) == root_rank else tf.zeros_like(g)
+            return g if rank() == root_rank else tf.zeros_like(g)
         return y, grad
 
     return fn(tensor)
@@ -348,7 +347,8 @@ def _reducescatter_diff(tensors, op, prescale, postscale, name, process_set, gro
 
         def grad(*dys):
             gathered = _allgather_raw(list(dys), _grad_name(name), process_set)
-            factor = prescale * postscale / (set_size(process_set) if op == Average else 1)
+            # Horovod's convention: Sum's gradient is scaled by the set size, Average's is not.
+            factor = prescale * postscale * (set_size(process_set) if op == Sum else 1)
             return [g * factor if factor != 1.0 else g for g in gathered]
         return ys, grad
 
