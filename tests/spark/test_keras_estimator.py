@@ -66,6 +66,20 @@ def half_mse(y_true, y_pred):
     return 0.5 * keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
 
 
+class LrProbe(keras.callbacks.Callback):
+    """Fails the fit unless the workers train with ``expected`` as learning rate (Horovod's
+    estimators scale the given rate by the number of workers)."""
+
+    def __init__(self, expected):
+        super().__init__()
+        self.expected = expected
+
+    def on_epoch_begin(self, epoch, logs=None):
+        lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        if abs(lr - self.expected) > 1e-6:
+            raise AssertionError(f"epoch {epoch}: training with lr {lr}, not {self.expected}")
+
+
 def regression_df(spark, rows=600, seed=0):
     from pyspark.ml.linalg import Vectors
 
@@ -113,7 +127,7 @@ def df(spark):
 def fitted(spark, store, df):
     """One fit shared by the tests that only look at its result."""
     out = io.StringIO()
-    est = estimator(store, run_id="shared", epochs=4,
+    est = estimator(store, run_id="shared", epochs=4, callbacks=[LrProbe(0.1)],
                     checkpoint_callback=keras.callbacks.ModelCheckpoint("best.keras"))
     with redirect_stdout(out):
         model = est.fit(df)
@@ -136,6 +150,8 @@ def test_fit_learns_reports_and_checkpoints(fitted, store):
     trained = model.getModel()
     assert not np.allclose(est.getModel().get_weights()[0], trained.get_weights()[0])
     assert trained.compiled and trained.optimizer.iterations.numpy() > 0
+    # The returned optimizer keeps the rate the user gave (the workers used it x 2).
+    assert abs(float(trained.optimizer.learning_rate.numpy()) - 0.05) < 1e-7
     assert store.exists(store.get_checkpoint_path("shared"))
     # checkpoint_callback's file lands in the run's directory in the store.
     assert store.exists(os.path.join(store.get_run_path("shared"), "checkpoints",
@@ -183,7 +199,7 @@ def test_resume_with_same_run_id(spark, store, df):
     first = est.fit(df)
     out = io.StringIO()
     with redirect_stdout(out):
-        second = est.setEpochs(2).setVerbose(1).fit(df)
+        second = est.setEpochs(2).setVerbose(1).setCallbacks([LrProbe(0.1)]).fit(df)
     assert second.getHistory()["epoch"] == [1, 2]
     assert second.getHistory()["loss"][:1] == first.getHistory()["loss"]
     assert "resuming run resume after epoch 1" in out.getvalue()

@@ -66,6 +66,19 @@ def estimator(store, model=None, **kwargs):
     return TorchEstimator(**params)
 
 
+class LrProbe:
+    """Fails the fit unless the workers train with ``expected`` as learning rate (Horovod's
+    estimators scale the given rate by the number of workers)."""
+
+    def __init__(self, expected):
+        self.expected = expected
+
+    def on_epoch_begin(self, epoch, logs):
+        lr = self.optimizer.param_groups[0]["lr"]
+        if abs(lr - self.expected) > 1e-12:
+            raise AssertionError(f"epoch {epoch}: training with lr {lr}, not {self.expected}")
+
+
 def local_predictions(model, features):
     with torch.no_grad():
         return model(torch.tensor(features, dtype=torch.float32)).numpy().reshape(-1)
@@ -89,7 +102,7 @@ def df(spark):
 def fitted(spark, store, df):
     """One fit shared by the tests that only look at its result."""
     out = io.StringIO()
-    est = estimator(store, run_id="shared")
+    est = estimator(store, run_id="shared", callbacks=[LrProbe(0.1)])  # 0.05 x 2 workers
     from contextlib import redirect_stdout
     with redirect_stdout(out):
         model = est.fit(df)
@@ -113,6 +126,8 @@ def test_fit_learns_reports_and_checkpoints(fitted, store):
     assert "Epoch 3/3: loss" in epoch_lines[-1] and "val_mae" in epoch_lines[-1] \
         and "rows/s" in epoch_lines[-1]
     assert "@@spark_dl" not in printed  # event lines are consumed, not shown
+    # The returned optimizer keeps the rate the user gave (the workers used it x 2).
+    assert model.getOptimizer().param_groups[0]["lr"] == 0.05
     # The user's model is untouched; the returned one is trained.
     assert not torch.equal(est.getModel()[0].weight, model.getModel()[0].weight)
     # Checkpoint and TensorBoard logs of the run are in the store.
@@ -186,7 +201,8 @@ def test_resume_with_same_run_id_continues_after_last_epoch(spark, store, df):
     out = io.StringIO()
     from contextlib import redirect_stdout
     with redirect_stdout(out):
-        second = est.setEpochs(4).setVerbose(1).fit(df)
+        # Resumed from a checkpoint, the workers still train with the scaled rate.
+        second = est.setEpochs(4).setVerbose(1).setCallbacks([LrProbe(0.1)]).fit(df)
     assert second.getHistory()["epoch"] == [1, 2, 3, 4]
     assert second.getHistory()["loss"][:2] == first.getHistory()["loss"]
     assert len(second.timings["epoch_s"]) == 2  # only epochs 3 and 4 ran
@@ -353,15 +369,9 @@ def test_params_table_accessors_copy_and_signature():
     assert copy.getEpochs() == 5 and est.getEpochs() == 2 and copy.uid == est.uid
     assert est.setParams(batch_size=4).getBatchSize() == 4
     names = set(inspect.signature(TorchEstimator.__init__).parameters) - {"self"}
-    horovod = {"num_proc", "model", "optimizer", "loss", "loss_weights", "loss_constructors",
-               "metrics", "feature_cols", "label_cols", "sample_weight_col", "validation",
-               "batch_size", "val_batch_size", "epochs", "train_steps_per_epoch",
-               "validation_steps_per_epoch", "shuffle_buffer_size", "partitions_per_process",
-               "gradient_compression", "backward_passes_per_step", "transformation_fn",
-               "train_minibatch_fn", "input_shapes", "label_shapes", "callbacks", "store",
-               "run_id", "random_seed", "terminate_on_nan", "inmemory_cache_all",
-               "train_reader_num_workers", "val_reader_num_workers", "use_gpu", "verbose",
-               "backend"}
+    # Horovod's params, plus spark_dl's own (terminate_on_nan: Horovod's Lightning one).
+    horovod = set(HOROVOD_TORCH_PARAMS) | {"terminate_on_nan", "allow_nonfinite",
+                                           "scale_learning_rate"}
     assert names == horovod
     assert {p.name for p in est.params} == horovod
     assert "batch_size: rows per training batch" in est.explainParams()

@@ -30,7 +30,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 
 __all__ = ["ParamSpec", "define_params", "set_param_defaults", "check_param_names", "TableParams",
            "params_signature", "params_doc", "accessor_stem", "ESTIMATOR_PARAMS",
-           "MODEL_PARAMS"]
+           "MODEL_PARAMS", "SCALE_LEARNING_RATE"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,6 +358,15 @@ MODEL_PARAMS: Tuple[ParamSpec, ...] = (
     ParamSpec("batch_size", "rows per forward pass in transform()", 1024,
               _int("batch_size", 1)),
 )
+
+
+#: Horovod's torch and Keras estimators multiply the learning rate by the number of
+#: workers; the frameworks that follow it add this row to their tables.
+SCALE_LEARNING_RATE = ParamSpec(
+    "scale_learning_rate", "multiply the optimizer's learning rate by the number of training "
+    "processes while training, as Horovod's estimators do (the returned optimizer and the "
+    "checkpoints keep the rate given here); False trains with the rate as given", True,
+    _bool("scale_learning_rate"))
 
 
 # ----------------------------------------------------------------------------- generation

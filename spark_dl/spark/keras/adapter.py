@@ -48,6 +48,7 @@ class KerasSpec:
     backward_passes_per_step: int
     checkpoint_callback: Any
     backend: str
+    scale_learning_rate: bool = False
 
 
 def compile_kwargs(fw: KerasSpec, optimizer) -> dict:
@@ -72,12 +73,19 @@ def compile_kwargs(fw: KerasSpec, optimizer) -> dict:
     return kwargs
 
 
-def make_optimizer(fw: KerasSpec):
-    """A fresh optimizer from the spec's config."""
+def make_optimizer(fw: KerasSpec, lr_factor: float = 1):
+    """A fresh optimizer from the spec's config, its learning rate times ``lr_factor``
+    (a learning rate schedule is left as it is)."""
+    import copy
+
     import keras
 
+    config = copy.deepcopy(fw.optimizer_config)
+    inner = config.get("config", {}) if isinstance(config, dict) else {}
+    if lr_factor != 1 and isinstance(inner.get("learning_rate"), (int, float)):
+        inner["learning_rate"] = inner["learning_rate"] * lr_factor
     with util.custom_scope(fw.custom_objects):
-        return keras.optimizers.deserialize(fw.optimizer_config)
+        return keras.optimizers.deserialize(config)
 
 
 def _configure_devices(use_gpu: bool, local_rank: int, local_size: int) -> str:
@@ -181,9 +189,11 @@ class KerasWorker(WorkerAdapter):
         kwargs = {}
         if fw.compression is not None:
             kwargs["compression"] = fw.compression
+        # Horovod's estimators train with the learning rate times the number of workers.
+        self.lr_factor = size if fw.scale_learning_rate else 1
         self.opt = sdk.DistributedOptimizer(
-            make_optimizer(fw), backward_passes_per_step=fw.backward_passes_per_step,
-            **kwargs)
+            make_optimizer(fw, self.lr_factor),
+            backward_passes_per_step=fw.backward_passes_per_step, **kwargs)
         self.model.compile(**compile_kwargs(fw, self.opt))
         if not self.opt.built:  # its variables exist before the first step: broadcast them
             self.opt.build(self.model.trainable_variables)
@@ -193,6 +203,12 @@ class KerasWorker(WorkerAdapter):
 
     def _optimizer_variables(self):
         return list(self.opt.variables)
+
+    def _optimizer_values(self) -> List[np.ndarray]:
+        """The optimizer's variables with the learning rate as the user gave it."""
+        lr = getattr(self.opt, "_learning_rate", None)
+        return [np.array(v) / self.lr_factor if v is lr else np.array(v)
+                for v in self._optimizer_variables()]
 
     def load_checkpoint(self, payload: bytes):
         try:
@@ -205,13 +221,16 @@ class KerasWorker(WorkerAdapter):
         assign_variables(self.model.weights, groups.get("model", []), "model weights")
         assign_variables(self._optimizer_variables(), groups.get("optimizer", []),
                          "optimizer state")
+        lr = getattr(self.opt, "_learning_rate", None)
+        if self.lr_factor != 1 and any(v is lr for v in self._optimizer_variables()):
+            lr.assign(np.array(lr) * self.lr_factor)
         return int(meta["epoch"]), meta.get("history")
 
     def save_checkpoint(self, epoch: int, history: dict) -> bytes:
         meta = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "run_id": self.spec.run_id,
                 "history": history}
         return _save_arrays(meta, {"model": _numpy(self.model.weights),
-                                   "optimizer": _numpy(self._optimizer_variables())})
+                                   "optimizer": self._optimizer_values()})
 
     def broadcast_state(self, root_rank: int) -> None:
         variables = list(self.model.weights) + self._optimizer_variables()
@@ -225,8 +244,7 @@ class KerasWorker(WorkerAdapter):
                 var.assign(a)
 
     def result(self) -> dict:
-        return {"weights": _numpy(self.model.weights),
-                "optimizer": _numpy(self._optimizer_variables())}
+        return {"weights": _numpy(self.model.weights), "optimizer": self._optimizer_values()}
 
     def callback_objects(self):
         return self.model, self.opt

@@ -187,7 +187,8 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
             compression=self.getGradientCompression(),
             backward_passes_per_step=self.getBackwardPassesPerStep(),
             checkpoint_callback=self.getCheckpointCallback(),
-            backend=keras.backend.backend())
+            backend=keras.backend.backend(),
+            scale_learning_rate=bool(self.getScaleLearningRate()))
         fw.metric_names = self._dry_run(store, dataset, fw)
         return fw
 

@@ -6,7 +6,7 @@ Keras takes losses and metrics by name (``"mse"``) as well as objects, so the sh
 ``loss`` and ``metrics`` rows are refined here.
 """
 
-from spark_dl.spark.common.params import ParamSpec, _dict, _list
+from spark_dl.spark.common.params import SCALE_LEARNING_RATE, ParamSpec, _dict, _list
 
 __all__ = ["KERAS_PARAMS", "KERAS_MODEL_PARAMS"]
 
@@ -39,6 +39,7 @@ _custom_objects.annotation = "Optional[Dict[str, Any]]"
 
 #: ``KerasEstimator``'s rows beyond ``ESTIMATOR_PARAMS`` (same names replace shared rows).
 KERAS_PARAMS = (
+    SCALE_LEARNING_RATE,
     ParamSpec("loss", "Keras loss: a name ('mse'), a loss object or function, or a list/dict "
               "with one per model output", None, _keras_losses, pickled=True),
     ParamSpec("metrics", "Keras metrics (names or objects, or per-output lists/dicts), "

@@ -18,6 +18,19 @@ __all__ = ["KerasEstimatorParamsAccessors", "KerasModelParamsAccessors"]
 class KerasEstimatorParamsAccessors:
     """Accessors of ``KERAS_PARAMS`` (spark_dl.spark.keras.params)."""
 
+    def getScaleLearningRate(self) -> Optional[bool]:
+        """Gets ``scale_learning_rate``: multiply the optimizer's learning rate by the number of
+        training processes while training, as Horovod's estimators do (the returned optimizer and
+        the checkpoints keep the rate given here); False trains with the rate as given."""
+        return self.getOrDefault('scale_learning_rate')
+
+    def setScaleLearningRate(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``scale_learning_rate``: multiply the optimizer's learning rate by the number of
+        training processes while training, as Horovod's estimators do (the returned optimizer and
+        the checkpoints keep the rate given here); False trains with the rate as given. Returns
+        self."""
+        return self._set(scale_learning_rate=value)
+
     def getLoss(self) -> Union[str, Callable, List[Any], Dict[str, Any], None]:
         """Gets ``loss``: Keras loss: a name ('mse'), a loss object or function, or a list/dict with
         one per model output."""

@@ -41,6 +41,7 @@ class TorchSpec:
     compression: Any
     backward_passes_per_step: int
     train_minibatch_fn: Any
+    scale_learning_rate: bool = False
 
 
 def preload_torch_dynamo() -> threading.Thread:
@@ -70,6 +71,20 @@ def _device(use_gpu: bool, local_rank: int) -> torch.device:
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")
+
+
+def _scale_lr(groups, factor: float) -> None:
+    """Multiplies the ``lr`` of optimizer param groups (or state-dict groups) by ``factor``."""
+    if factor != 1:
+        for group in groups:
+            if isinstance(group.get("lr"), (int, float)):
+                group["lr"] = group["lr"] * factor
+
+
+def _unscaled(state: dict, factor: float) -> dict:
+    """An optimizer state dict with the learning rate as the user gave it."""
+    _scale_lr(state["param_groups"], 1.0 / factor)
+    return state
 
 
 def _to_cpu(obj):
@@ -102,6 +117,9 @@ class TorchWorker(WorkerAdapter):
         if self.device.type != "cpu" and optimizer.state:
             optimizer.load_state_dict(optimizer.state_dict())  # moves its state
         self.model, self.optimizer, self.dtype = model, optimizer, util.model_dtype(model)
+        # Horovod's estimators train with the learning rate times the number of workers.
+        self.lr_factor = size if fw.scale_learning_rate else 1
+        _scale_lr(optimizer.param_groups, self.lr_factor)
         self.opt = sdl.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(),
             compression=fw.compression or sdl.Compression.none,
@@ -125,6 +143,7 @@ class TorchWorker(WorkerAdapter):
         try:
             self.model.load_state_dict(ckpt["model"])
             self.optimizer.load_state_dict(ckpt["optimizer"])
+            _scale_lr(self.optimizer.param_groups, self.lr_factor)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ValueError(f"it does not fit this model/optimizer ({e})") from None
         return int(ckpt["epoch"]), ckpt.get("history")
@@ -133,7 +152,8 @@ class TorchWorker(WorkerAdapter):
         buf = io.BytesIO()
         torch.save({"format": CHECKPOINT_FORMAT, "epoch": epoch, "run_id": self.spec.run_id,
                     "model": _to_cpu(self.model.state_dict()),
-                    "optimizer": _to_cpu(self.opt.state_dict()), "history": history}, buf)
+                    "optimizer": _to_cpu(_unscaled(self.opt.state_dict(), self.lr_factor)),
+                    "history": history}, buf)
         return buf.getvalue()
 
     def broadcast_state(self, root_rank: int) -> None:
@@ -142,7 +162,7 @@ class TorchWorker(WorkerAdapter):
 
     def result(self) -> dict:
         return {"model": _to_cpu(self.model.state_dict()),
-                "optimizer": _to_cpu(self.opt.state_dict())}
+                "optimizer": _to_cpu(_unscaled(self.opt.state_dict(), self.lr_factor))}
 
     def callback_objects(self):
         return self.model, self.opt

@@ -200,7 +200,8 @@ class TorchEstimator(TorchEstimatorParamsAccessors, EstimatorBase):
             loss_weights=self.getLossWeights(), input_shapes=input_shapes,
             compression=self.getGradientCompression(),
             backward_passes_per_step=self.getBackwardPassesPerStep(),
-            train_minibatch_fn=self.getTrainMinibatchFn())
+            train_minibatch_fn=self.getTrainMinibatchFn(),
+            scale_learning_rate=bool(self.getScaleLearningRate()))
 
     def _trained_model(self, result: dict, run_id: str, dataset: Dataset, framework):
         from spark_dl.spark.launch.pickling import pickler

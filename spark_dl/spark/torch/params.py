@@ -3,12 +3,14 @@
 :mod:`spark_dl.spark.torch.params_accessors` (``python -m spark_dl.spark.common.params_codegen``).
 """
 
-from spark_dl.spark.common.params import ParamSpec, _callable, _callables, _shapes
+from spark_dl.spark.common.params import (SCALE_LEARNING_RATE, ParamSpec, _callable, _callables,
+                                          _shapes)
 
 __all__ = ["TORCH_PARAMS", "TORCH_MODEL_PARAMS"]
 
 #: ``TorchEstimator``'s rows beyond ``ESTIMATOR_PARAMS``.
 TORCH_PARAMS = (
+    SCALE_LEARNING_RATE,
     ParamSpec("loss_constructors", "functions called on each worker to build the loss "
               "functions (instead of loss, for losses that cannot be pickled)", None,
               _callables("loss_constructors", allow_single=False), pickled=True,

@@ -18,6 +18,19 @@ __all__ = ["TorchEstimatorParamsAccessors", "TorchModelParamsAccessors"]
 class TorchEstimatorParamsAccessors:
     """Accessors of ``TORCH_PARAMS`` (spark_dl.spark.torch.params)."""
 
+    def getScaleLearningRate(self) -> Optional[bool]:
+        """Gets ``scale_learning_rate``: multiply the optimizer's learning rate by the number of
+        training processes while training, as Horovod's estimators do (the returned optimizer and
+        the checkpoints keep the rate given here); False trains with the rate as given."""
+        return self.getOrDefault('scale_learning_rate')
+
+    def setScaleLearningRate(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``scale_learning_rate``: multiply the optimizer's learning rate by the number of
+        training processes while training, as Horovod's estimators do (the returned optimizer and
+        the checkpoints keep the rate given here); False trains with the rate as given. Returns
+        self."""
+        return self._set(scale_learning_rate=value)
+
     def getLossConstructors(self) -> Optional[List[Callable]]:
         """Gets ``loss_constructors``: functions called on each worker to build the loss functions
         (instead of loss, for losses that cannot be pickled)."""
