@@ -67,10 +67,6 @@ class LightningSpec:
     metric_names: List[str]
 
 
-class _Aborted(BaseException):
-    """Raised inside the fit thread when the worker loop gives up on it."""
-
-
 class _Exchange:
     """Strict alternation between the worker loop (main thread) and ``Trainer.fit`` (helper
     thread): exactly one of them runs at any time, so the two never issue collectives
@@ -83,10 +79,7 @@ class _Exchange:
     # Lightning's side (the fit thread).
     def request(self, kind: str):
         self.to_loop.put(("ready", kind))
-        item = self.to_fit.get()
-        if item is _Aborted:
-            raise _Aborted()
-        return item
+        return self.to_fit.get()
 
     # The worker loop's side.
     def give(self, batch, thread: threading.Thread):
@@ -292,6 +285,10 @@ class LightningWorker(WorkerAdapter):
     def callback_objects(self):
         return self.module, None
 
+    def attach_callbacks(self, callbacks, params) -> None:
+        # Only the loop's stand-in is in ``callbacks``; it needs the step counts.
+        self.loop_callback.params = dict(params)
+
     def stop_requested(self) -> bool:
         """True once Lightning's fit ended before the last epoch (e.g. EarlyStopping)."""
         return self.finished and (self.trainer is None or
@@ -339,7 +336,9 @@ class LightningWorker(WorkerAdapter):
             devices=1, max_epochs=spec.epochs, callbacks=callbacks, logger=logger,
             enable_checkpointing=checkpointing, enable_progress_bar=False,
             enable_model_summary=False, num_sanity_val_steps=0, profiler=fw.profiler,
-            log_every_n_steps=fw.log_every_n_steps,
+            # (Lightning warns on every rank when an epoch is shorter than the interval.)
+            log_every_n_steps=max(1, min(fw.log_every_n_steps,
+                                         self.loop_callback.params.get("steps") or 1)),
             accumulate_grad_batches=fw.backward_passes_per_step,
             default_root_dir=out or tempfile.mkdtemp(prefix="spark_dl_lightning_"))
         return self.pl.Trainer(**kwargs)

@@ -50,7 +50,8 @@ def _reshape(t: torch.Tensor, shape: List[int], col: str) -> torch.Tensor:
 
 
 def to_batch(arrays: Mapping[str, np.ndarray], feature_cols: List[str],
-             input_shapes: Optional[List[List[int]]], dtype: torch.dtype) -> Dict[str, torch.Tensor]:
+             input_shapes: Optional[List[List[int]]],
+             dtype: torch.dtype) -> Dict[str, torch.Tensor]:
     """A loader batch (column -> NumPy array) as the dict a Lightning step receives."""
     out = {}
     shapes = dict(zip(feature_cols, input_shapes or []))
@@ -65,7 +66,8 @@ def to_batch(arrays: Mapping[str, np.ndarray], feature_cols: List[str],
     return out
 
 
-def feature_inputs(batch: Mapping[str, torch.Tensor], feature_cols: List[str]) -> List[torch.Tensor]:
+def feature_inputs(batch: Mapping[str, torch.Tensor],
+                   feature_cols: List[str]) -> List[torch.Tensor]:
     """The module's forward() arguments: one tensor per feature column, in order."""
     return [batch[c] for c in feature_cols]
 
