@@ -11,7 +11,7 @@ or as a plain script, which then starts a ``local[2]`` session itself:
 Each worker is a fresh Python process with its rank environment: it calls
 ``spark_dl.numpy.init()``, averages a "gradient" with the other workers, and returns a
 value; ``run`` returns the values ordered by rank. Worker output reaches this driver
-prefixed with the rank (``[1]<stdout>: ...``).
+prefixed with the rank (``[1]<stdout>:...``).
 """
 
 import argparse

@@ -16,7 +16,7 @@ adds around ``mpirun``:
   values never appear on a command line;
 - output: ``--tag-output`` marks each piece with its rank, and a
   :class:`~spark_dl.runner.output.TagDemux` turns that back into sdlrun's
-  ``[<rank>]<stdout>: `` lines and ``--output-filename`` files;
+  ``[<rank>]<stdout>:`` lines and ``--output-filename`` files;
 - failures: ``mpirun`` stops the job when a rank fails and exits with that rank's code
   (128+N for signal N); sdlrun names the rank, and says what to set when ``mpirun``
   refuses to start (running as root, too few slots, binding). Signals to sdlrun go to

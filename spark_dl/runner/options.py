@@ -28,7 +28,7 @@ class LaunchOptions:
             ``start_timeout_s`` knob (``SDL_START_TIMEOUT`` in the launcher's environment,
             else 120).
         output_dir: also write each rank's raw output to ``DIR/rank.<r>/{stdout,stderr}``.
-        prefix_output: prefix every forwarded line with ``[<rank>]<stdout>: ``.
+        prefix_output: prefix every forwarded line with ``[<rank>]<stdout>:``.
         prefix_timestamp: put a timestamp before that prefix.
         verbose: report hosts, ranks, commands and rendezvous traffic on stderr.
         ssh_port, ssh_identity_file: passed to ssh for remote hosts.

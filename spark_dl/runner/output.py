@@ -1,7 +1,7 @@
 """Forwarding of worker output: one thread multiplexes every worker's pipes.
 
 Each complete line is written to the launcher's stdout (worker stdout) or stderr (worker
-stderr) as one write under a lock, prefixed ``[<rank>]<stdout>: ``, so lines of different
+stderr) as one write under a lock, prefixed ``[<rank>]<stdout>:``, so lines of different
 ranks never interleave mid-line. Raw bytes also go to per-rank files when an output
 directory is given. A line longer than :data:`MAX_LINE` is forwarded in pieces rather
 than buffered without bound.
@@ -137,7 +137,7 @@ class OutputForwarder:
 
     Args:
         stdout, stderr: binary sinks for the workers' stdout and stderr lines.
-        prefix: add ``[<rank>]<stream>: `` to every line.
+        prefix: add ``[<rank>]<stream>:`` to every line.
         timestamp: put a timestamp before the prefix.
         output_dir: when set, also write raw output to ``DIR/rank.<r>/<stream>``.
     """
@@ -268,7 +268,7 @@ class OutputForwarder:
     def _emit(self, lines: _Lines, text: bytes) -> None:
         if not text.endswith(b"\n"):
             text += b"\n"
-        prefix = (f"[{lines.rank}]<{lines.name}>: ".encode()
+        prefix = (f"[{lines.rank}]<{lines.name}>:".encode()
                   if self._prefix and lines.rank is not None else b"")
         if prefix or self._timestamp:
             stamp = _timestamp() if self._timestamp else b""

@@ -70,10 +70,10 @@ def reported_pids(text):
 
 
 def json_lines(stdout):
-    """{rank: report} from lines ``[<rank>]<stdout>: {...}``."""
+    """{rank: report} from lines ``[<rank>]<stdout>:{...}``."""
     reports = {}
     for line in stdout.splitlines():
-        match = re.match(r"^\[(\d+)\]<stdout>: (\{.*\})$", line)
+        match = re.match(r"^\[(\d+)\]<stdout>:(\{.*\})$", line)
         if match:
             reports[int(match.group(1))] = json.loads(match.group(2))
     return reports
@@ -125,9 +125,9 @@ def test_output_prefixes_and_files(tmp_path):
                              PY, "-c", code)
     assert rc == 0, err
     for r in (0, 1):
-        assert f"[{r}]<stdout>: out {r} a\n[{r}]<stdout>: out {r} b\n" in out
-        assert f"[{r}]<stderr>: err {r}\n" in err
-        assert f"[{r}]<stderr>: no newline {r}\n" in err
+        assert f"[{r}]<stdout>:out {r} a\n[{r}]<stdout>:out {r} b\n" in out
+        assert f"[{r}]<stderr>:err {r}\n" in err
+        assert f"[{r}]<stderr>:no newline {r}\n" in err
         rank_dir = tmp_path / "logs" / f"rank.{r}"
         assert (rank_dir / "stdout").read_text() == f"out {r} a\nout {r} b\n"
         assert (rank_dir / "stderr").read_text() == f"err {r}\nno newline {r}"
@@ -139,7 +139,7 @@ def test_output_options():
     assert (rc, out) == (0, "plain\n")
     rc, out, _, _ = sdlrun("-np", "1", "--prefix-output-with-timestamp", PY, "-c", code)
     assert rc == 0
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} \[0\]<stdout>: plain\n", out)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} \[0\]<stdout>:plain\n", out)
 
 
 def test_failing_worker_exit_code_and_others_killed(tmp_path):
@@ -218,8 +218,8 @@ def test_workers_stopped_when_sdlrun_is_killed(tmp_path):
 def test_workers_meet_through_kvstore_client():
     rc, out, err, _ = sdlrun("-np", "2", PY, worker("kv_worker.py"))
     assert rc == 0, err
-    assert "[0]<stdout>: got 'hello from 1'" in out
-    assert "[1]<stdout>: got 'hello from 0'" in out
+    assert "[0]<stdout>:got 'hello from 1'" in out
+    assert "[1]<stdout>:got 'hello from 0'" in out
 
 
 @pytest.mark.parametrize("args, message", [

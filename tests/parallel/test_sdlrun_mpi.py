@@ -66,7 +66,7 @@ def test_mpi_job_runs_collectives_with_prefixes_and_files(tmp_path):
         env = report["env"]
         assert not {"SDL_SECRET_KEY", "SDL_RANK", "SDL_RENDEZVOUS_ADDR"} & set(env)
         assert env["TEST_EXTRA"] == "x"
-        assert f"[{rank}]<stderr>: rank {rank} to stderr\n" in err
+        assert f"[{rank}]<stderr>:rank {rank} to stderr\n" in err
         rank_dir = tmp_path / "logs" / f"rank.{rank}"
         assert (rank_dir / "stderr").read_text() == f"rank {rank} to stderr\n"
         assert (rank_dir / "stdout").read_text().startswith('{"rank": %d' % rank)
@@ -83,7 +83,7 @@ def test_mpi_args_pass_through_and_verbose_says_which_launcher():
         assert report["env"]["TEST_FOO"] == "bar"  # only -x in --mpi-args sets it
     assert "sdlrun: launching with MPI (mpirun): --mpi\n" in err
     assert "--report-bindings -x TEST_FOO=bar" in err  # the logged mpirun command
-    assert "[0]<stderr>: " in err and "MCW rank 0 is not bound" in err
+    assert "[0]<stderr>:" in err and "MCW rank 0 is not bound" in err
 
 
 @needs_mpi

@@ -182,6 +182,6 @@ def check_two_ranks_one_host(results, out, err, total, tag):
         assert r["sum"] == total and r["tag"] == tag
         assert r["secret_visible"] is False and r["secret_visible_in_job"] == []
     for rank in (0, 1):
-        assert f"[{rank}]<stdout>: hello from rank {rank}\n" in out
+        assert f"[{rank}]<stdout>:hello from rank {rank}\n" in out
         if err is not None:
-            assert f"[{rank}]<stderr>: note from rank {rank}\n" in err
+            assert f"[{rank}]<stderr>:note from rank {rank}\n" in err

@@ -39,7 +39,7 @@ def test_worker_exception_ends_run_with_rank_and_traceback(spark):
     assert isinstance(e.__cause__, ValueError)
     assert worker_processes(e.job_id) == []
     # The worker's own traceback reached the driver's stderr, timestamped and prefixed.
-    assert re.search(r"^\d{4}-\d\d-\d\dT[\d:.]+ \[1\]<stderr>: ValueError: boom from rank 1$",
+    assert re.search(r"^\d{4}-\d\d-\d\dT[\d:.]+ \[1\]<stderr>:ValueError: boom from rank 1$",
                      err.getvalue(), re.M)
 
 
@@ -73,5 +73,5 @@ def test_ranks_allreduce_output_and_results_by_rank(spark):
         assert r["devices"] == [] and r["cuda"] is None
         assert r["secret_visible"] is False
     for rank in (0, 1):
-        assert f"[{rank}]<stdout>: hello from rank {rank}\n" in out.getvalue()
-        assert f"[{rank}]<stderr>: note from rank {rank}\n" in err.getvalue()
+        assert f"[{rank}]<stdout>:hello from rank {rank}\n" in out.getvalue()
+        assert f"[{rank}]<stderr>:note from rank {rank}\n" in err.getvalue()

@@ -109,7 +109,7 @@ class TestLocal:
         assert "raise_on_rank_1" in e.remote_traceback
         assert isinstance(e.__cause__, ValueError)
         assert _leftovers(e.job_id) == []
-        assert re.search(r"^\d{4}-\d\d-\d\dT[\d:.]+ \[1\]<stderr>: ValueError: boom from rank 1$",
+        assert re.search(r"^\d{4}-\d\d-\d\dT[\d:.]+ \[1\]<stderr>:ValueError: boom from rank 1$",
                          err.getvalue(), re.M)
 
     def test_worker_killed_by_sigkill_ends_run(self):

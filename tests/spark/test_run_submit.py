@@ -25,4 +25,4 @@ def test_run_demo_through_spark_submit():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "run_demo: OK, 2 workers returned [(0, 3.0), (1, 3.0)]" in proc.stdout
     for rank in (0, 1):
-        assert f"[{rank}]<stdout>: rank {rank}/2" in proc.stdout
+        assert f"[{rank}]<stdout>:rank {rank}/2" in proc.stdout

@@ -501,8 +501,8 @@ def test_task_service_runs_a_command_with_the_secret_on_stdin(driver_and_task):
     assert driver.wait_for_exits([0], 5) == []
     out = b"".join(d for s, d in lines if s == "stdout")
     err = b"".join(d for s, d in lines if s == "stderr")
-    assert out == b"[0]<stdout>: secret 64 False v 2\n"
-    assert err == b"[0]<stderr>: to stderr\n"
+    assert out == b"[0]<stdout>:secret 64 False v 2\n"
+    assert err == b"[0]<stderr>:to stderr\n"
 
 
 def test_task_service_terminates_its_worker(driver_and_task):

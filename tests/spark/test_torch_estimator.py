@@ -505,15 +505,15 @@ def test_progress_display_parses_events_and_passes_lines_through():
     seen = []
     display = ProgressDisplay(1, out=out, err=err, listeners=[seen.append])
     stdout, stderr = display.stream("stdout"), display.stream("stderr")
-    stdout.write(f'[0]<stdout>: {MARK}{{"kind": "start", "epochs": 2}}\n[1]<stdout>: hel')
-    stdout.write(f'lo\n[0]<stdout>: {MARK}{{"kind": "step", "epoch": 1, "step": 5, '
+    stdout.write(f'[0]<stdout>:{MARK}{{"kind": "start", "epochs": 2}}\n[1]<stdout>:hel')
+    stdout.write(f'lo\n[0]<stdout>:{MARK}{{"kind": "step", "epoch": 1, "step": 5, '
                  f'"steps": 10, "loss": 0.5}}\n')
-    stderr.write("[1]<stderr>: a warning\n")
-    stdout.write(f'[0]<stdout>: {MARK}{{"kind": "epoch", "epoch": 1, "logs": {{"loss": 0.25, '
+    stderr.write("[1]<stderr>:a warning\n")
+    stdout.write(f'[0]<stdout>:{MARK}{{"kind": "epoch", "epoch": 1, "logs": {{"loss": 0.25, '
                  f'"val_loss": 0.5}}, "rows_per_s": 1234.5, "seconds": 2.0}}\n')
     display.close()
     text = out.getvalue()
-    assert "[1]<stdout>: hello\n" in text and "[1]<stderr>: a warning\n" in err.getvalue()
+    assert "[1]<stdout>:hello\n" in text and "[1]<stderr>:a warning\n" in err.getvalue()
     assert "\rEpoch 1/2 [" in text and "5/10 - loss 0.5" in text  # the live bar
     assert "Epoch 1/2: loss 0.25, val_loss 0.5 | 1,234 rows/s | 2.0s\n" in text
     assert MARK not in text

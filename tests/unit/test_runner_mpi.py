@@ -161,8 +161,8 @@ def test_forwarder_rewrites_tagged_pipes_with_prefixes_and_files(tmp_path):
         os.close(fd)
     assert forwarder.join(5)
     forwarder.close()
-    assert out.getvalue() == b"[1]<stdout>: b\n[0]<stdout>: ac\n"
-    assert err.getvalue() == b"[1]<stderr>: oops\nmpirun: done\n[0]<stderr>: tail\n"
+    assert out.getvalue() == b"[1]<stdout>:b\n[0]<stdout>:ac\n"
+    assert err.getvalue() == b"[1]<stderr>:oops\nmpirun: done\n[0]<stderr>:tail\n"
     assert (tmp_path / "rank.0" / "stdout").read_bytes() == b"ac\n"
     assert (tmp_path / "rank.0" / "stderr").read_bytes() == b"tail"
     assert (tmp_path / "rank.2" / "stdout").read_bytes() == b""  # created up front

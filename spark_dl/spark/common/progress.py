@@ -1,7 +1,7 @@
 """Training progress: rank 0 reports events on its stdout, the driver shows them.
 
 Workers' output reaches the driver line by line, prefixed with the rank
-(``[0]<stdout>: ...``). Rank 0's :class:`Reporter` prints events as one marked JSON line
+(``[0]<stdout>:...``). Rank 0's :class:`Reporter` prints events as one marked JSON line
 each; the estimator hands a :class:`ProgressDisplay` to the backend as the workers' output
 stream, and the display turns marked lines into
 

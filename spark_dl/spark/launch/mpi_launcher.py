@@ -12,7 +12,7 @@ Once the ranks are assigned (grouped by host, see :mod:`spark_dl.spark.launch.dr
    their ranks run under that daemon, and they wait for the end of the job.
 3. **mpirun** runs on the driver, supervised like ``sdlrun --mpi``'s (reusing
    :mod:`spark_dl.runner.mpi_run`: the command line, ``--tag-output`` demultiplexing into
-   ``[<rank>]<stdout>: `` lines, failure explanations), with
+   ``[<rank>]<stdout>:`` lines, failure explanations), with
    ``--mca plm_rsh_agent "<python> -m spark_dl.spark.launch.rsh_agent"``; ``mpirun`` runs the
    agent once per alias, and the agent asks that host's daemon task to start ``orted``
    (see :mod:`spark_dl.spark.launch.rsh_agent`). ``plm_rsh_no_tree_spawn`` keeps every daemon
