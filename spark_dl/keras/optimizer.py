@@ -115,12 +115,21 @@ def _distributed_class(base):
         # The same name and module as the wrapped class: saving writes the plain optimizer.
         cls = type(base.__name__, (_DistributedOptimizer, base),
                    {"__module__": base.__module__, "__qualname__": base.__qualname__})
-        try:  # a registered custom optimizer keeps its registered name when saved
+        # Saved under the wrapped class's names: its public ``keras.optimizers.*`` name for
+        # Keras's own optimizers, its registered name for a registered custom one. (Keras
+        # internals, pinned by constraints.txt; without them saving still works, under the
+        # wrapped class's module path.)
+        try:
+            from keras.src import api_export
             from keras.src.saving import object_registration as reg
+        except ImportError:  # pragma: no cover
+            pass
+        else:
+            public = api_export.REGISTERED_OBJS_TO_NAMES.get(base)
+            if public is not None:
+                api_export.REGISTERED_OBJS_TO_NAMES[cls] = public
             if base in reg.GLOBAL_CUSTOM_NAMES:
                 reg.GLOBAL_CUSTOM_NAMES[cls] = reg.GLOBAL_CUSTOM_NAMES[base]
-        except ImportError:  # pragma: no cover - Keras moved its registry
-            pass
         _classes[base] = cls
     return cls
 

@@ -1,0 +1,351 @@
+"""Keras training throughput on 2 ranks: spark_dl.keras.DistributedOptimizer against
+TensorFlow's own MultiWorkerMirroredStrategy, and the per-step overhead of spark_dl's
+allreduce op inside tf.function.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/keras.py                  # 3 rounds
+    PYTHONPATH=. .venv/bin/python benchmarks/keras.py --quick
+    PYTHONPATH=. .venv/bin/python benchmarks/keras.py --overhead-only
+
+Throughput. Each round launches one 2-rank job per peer, in an order that rotates every
+round (a shared machine's noise then hits every peer alike):
+
+================  ======================================================================
+spark_dl          ``sdlrun -np 2``: ``model.fit`` with ``DistributedOptimizer(SGD)``
+mwms              2 processes with ``TF_CONFIG`` on 127.0.0.1:
+                  ``tf.distribute.MultiWorkerMirroredStrategy`` (RING collectives, what
+                  spark-tensorflow-distributor uses), ``model.fit`` under its scope
+local             2 processes training alone, no communication (the ceiling under the
+                  same CPU contention)
+================  ======================================================================
+
+Every peer trains examples/keras_synthetic_benchmark.py's small CNN on the same synthetic
+batch size per rank with ``model.fit`` (XLA off), ``--warmup`` steps untimed, then
+``--steps`` timed; rank 0 reports images/s per rank. The tables give the median over
+rounds, the spread (min-max) and spark_dl's ratio to each peer.
+
+Overhead (``--overhead-steps``): inside one ``sdlrun`` job of 1 and of 2 ranks, a
+``tf.function`` step computing the gradients of a model with ``--tensors`` weight tensors
+and applying them with SGD, timed three ways in alternation: without any allreduce, with
+spark_dl's grouped allreduce (one ``tf.numpy_function`` op, the path DistributedOptimizer
+takes), and with the same grouped allreduce through ``tf.py_function`` + DLPack (the
+alternative bridge, measured to justify the choice).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# This file is named keras.py: its folder must not be on sys.path, or ``import keras``
+# would import this script. _harness is loaded by path instead.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+
+def _load_harness():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_harness", os.path.join(HERE, "_harness.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+H = _load_harness()
+
+MARK = "SDL_KERAS_BENCH "
+PEERS = ("spark_dl", "mwms", "local")
+LABELS = {"spark_dl": "spark_dl DistributedOptimizer", "local": "no communication (ceiling)",
+          "mwms": "tf.distribute MultiWorkerMirroredStrategy"}
+
+
+# ----------------------------------------------------------------------------- worker side
+
+def _quiet_tf(threads):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    return tf
+
+
+class _Timer:
+    def __init__(self, keras, warmup):
+        class T(keras.callbacks.Callback):
+            def on_train_batch_end(cb, batch, logs=None):
+                if batch + 1 == warmup:
+                    cb.start = time.perf_counter()
+
+            def on_train_end(cb, logs=None):
+                cb.end = time.perf_counter()
+        self.cb = T()
+
+
+def _fit(keras, model, opt, args, strategy=None):
+    import numpy as np
+    import tensorflow as tf
+    from keras_synthetic_benchmark import small_cnn  # noqa: F401 - model built by caller
+    rng = np.random.default_rng(0)
+    n = args.batch_size * (strategy.num_replicas_in_sync if strategy else 1)
+    x = rng.random((n, 32, 32, 3), dtype=np.float32)
+    y = rng.integers(0, 10, size=(n,)).astype(np.int32)
+    ds = tf.data.Dataset.from_tensors((x, y)).repeat()
+    if strategy is not None:
+        opts = tf.data.Options()
+        opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        ds = ds.with_options(opts)
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True), jit_compile=False)
+    timer = _Timer(keras, args.warmup).cb
+    steps = args.warmup + args.steps
+    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
+    return args.batch_size * args.steps / (timer.end - timer.start)
+
+
+def worker_spark_dl(args, local=False):
+    _quiet_tf(args.threads)
+    import keras
+
+    import spark_dl.keras as hvd
+    from keras_synthetic_benchmark import small_cnn
+    hvd.init()
+    keras.utils.set_random_seed(0)
+    model = small_cnn()
+    opt = keras.optimizers.SGD(0.01, momentum=0.9)
+    if not local:
+        opt = hvd.DistributedOptimizer(opt)
+    rate = _fit(keras, model, opt, args)
+    return hvd.rank(), {"img_per_s": rate, "tensors": len(model.trainable_variables)}
+
+
+def worker_mwms(args):
+    tf = _quiet_tf(args.threads)
+    import keras
+
+    from keras_synthetic_benchmark import small_cnn
+    comm = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        model = small_cnn()
+        opt = keras.optimizers.SGD(0.01, momentum=0.9)
+    rate = _fit(keras, model, opt, args, strategy)
+    return json.loads(os.environ["TF_CONFIG"])["task"]["index"], {"img_per_s": rate}
+
+
+def _overhead_model(keras, tensors):
+    """A stack of Dense layers with ``tensors`` weight tensors (kernels and biases)."""
+    layers = [keras.Input((64,))]
+    for _ in range(tensors // 2):
+        layers.append(keras.layers.Dense(64, activation="tanh"))
+    return keras.Sequential(layers)
+
+
+def worker_overhead(args):
+    tf = _quiet_tf(args.threads)
+    import keras
+    import numpy as np
+
+    import spark_dl.tensorflow as hvd
+    from spark_dl.common import ops as _ops
+    from spark_dl.common.handles import CompositeHandle
+    hvd.init()
+    model = _overhead_model(keras, args.tensors)
+    opt = keras.optimizers.SGD(0.001)
+    opt.build(model.trainable_variables)
+    x = tf.constant(np.random.default_rng(hvd.rank()).random((32, 64), dtype=np.float32))
+    variables = model.trainable_variables
+
+    def dlpack_grouped_allreduce(grads):
+        # The alternative bridge: EagerTensors in, DLPack capsules to the core, DLPack out.
+        def body(*ts):
+            caps = [tf.experimental.dlpack.to_dlpack(t) for t in ts]
+            outs = [tf.zeros_like(t) for t in ts]
+            out_caps = [tf.experimental.dlpack.to_dlpack(o) for o in outs]
+            group = _ops.group_name("dlpack_bench", None, None)
+            hs = [_ops.submit("allreduce", f"{group}.{i}", c, o, op=hvd.Average, group=group,
+                              group_size=len(ts), finish=lambda *a: None)
+                  for i, (c, o) in enumerate(zip(caps, out_caps))]
+            CompositeHandle(hs, list, group).wait()
+            return outs
+        return tf.py_function(body, grads, [g.dtype for g in grads])
+
+    def make(kind):
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(model(x) ** 2)
+            grads = tape.gradient(loss, variables)
+            if kind == "numpy_function":
+                grads = hvd.grouped_allreduce(grads, op=hvd.Average, name="overhead")
+            elif kind == "py_function_dlpack":
+                grads = dlpack_grouped_allreduce(grads)
+            opt.apply(grads, variables)
+        return step
+
+    kinds = ["none", "numpy_function", "py_function_dlpack"]
+    steps = {k: make(k) for k in kinds}
+    for k in kinds:
+        for _ in range(5):
+            steps[k]()
+    samples = {k: [] for k in kinds}
+    for i in range(args.overhead_steps):
+        for k in kinds[i % 3:] + kinds[:i % 3]:
+            t0 = time.perf_counter()
+            steps[k]()
+            samples[k].append(time.perf_counter() - t0)
+    return hvd.rank(), {"size": hvd.size(), "tensors": len(variables),
+                        "ms": {k: statistics.median(v) * 1e3 for k, v in samples.items()},
+                        "p90_ms": {k: sorted(v)[int(0.9 * len(v))] * 1e3
+                                   for k, v in samples.items()}}
+
+
+def worker_main(args):
+    if args.worker == "overhead":
+        rank, res = worker_overhead(args)
+    elif args.worker == "mwms":
+        rank, res = worker_mwms(args)
+    else:
+        rank, res = worker_spark_dl(args, local=args.worker == "local")
+    if rank == 0:
+        print(MARK + json.dumps(res), flush=True)
+
+
+# ----------------------------------------------------------------------------- driver side
+
+def _worker_args(args, peer):
+    return [sys.executable, os.path.abspath(__file__), "--worker", peer,
+            "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
+            "--steps", str(args.steps), "--threads", str(args.threads),
+            "--tensors", str(args.tensors), "--overhead-steps", str(args.overhead_steps)]
+
+
+def _result(procs):
+    for p in procs:
+        for line in p.stdout.splitlines():
+            at = line.find(MARK)  # sdlrun prefixes every line with its rank
+            if at >= 0 and all(q.returncode == 0 for q in procs):
+                return json.loads(line[at + len(MARK):])
+    tail = "\n".join((p.stdout + p.stderr)[-3000:] for p in procs)
+    raise RuntimeError(f"job failed (exit codes {[p.returncode for p in procs]}):\n{tail}")
+
+
+def _run_sdlrun(args, peer, np_):
+    env = H._base_env()
+    cmd = [sys.executable, "-m", "spark_dl.runner", "-np", str(np_)] + _worker_args(args, peer)
+    return _result([subprocess.run(cmd, env=env, capture_output=True, text=True,
+                                   timeout=args.timeout)])
+
+
+def _run_processes(args, peer, np_):
+    env = H._base_env()
+    procs = []
+    ports = [H._free_port() for _ in range(np_)]
+    for r in range(np_):
+        e = dict(env)
+        if peer == "mwms":
+            e["TF_CONFIG"] = json.dumps({
+                "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                "task": {"type": "worker", "index": r}})
+        else:  # local: every process is a 1-rank spark_dl job of its own
+            e.update(SDL_RANK="0", SDL_SIZE="1")
+        procs.append(subprocess.Popen(_worker_args(args, peer), env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    done, deadline = [], time.monotonic() + args.timeout
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if peer == "local":  # every process prints (each is rank 0): keep the first's
+        done = done[:1] + [subprocess.CompletedProcess(p.args, 0, "", "") for p in done[1:]]
+    return _result(done)
+
+
+def _run_peer(args, peer):
+    if peer == "spark_dl":
+        return _run_sdlrun(args, peer, args.np)
+    return _run_processes(args, peer, args.np)
+
+
+def _stats(values):
+    return statistics.median(values), min(values), max(values)
+
+
+def driver(args):
+    machine = H.describe_machine()
+    print(f"# Keras on {args.np} ranks: {machine}; spark_dl {H.git_revision()}\n")
+    peers = [p for p in args.peers.split(",") if p]
+    if not args.overhead_only:
+        results = {p: [] for p in peers}
+        for r in range(args.rounds):
+            for peer in peers[r % len(peers):] + peers[:r % len(peers)]:
+                t0 = time.perf_counter()
+                results[peer].append(_run_peer(args, peer)["img_per_s"])
+                print(f"  round {r + 1}/{args.rounds}: {peer} {results[peer][-1]:.1f} img/s "
+                      f"per rank ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        print(f"## Throughput: small CNN, batch {args.batch_size} per rank, {args.steps} timed "
+              f"steps, {args.rounds} round(s)\n")
+        print("| peer | img/s per rank (median) | min-max | spark_dl / peer |")
+        print("|---|---|---|---|")
+        ref = statistics.median(results["spark_dl"]) if "spark_dl" in results else None
+        for peer in peers:
+            med, lo, hi = _stats(results[peer])
+            ratio = f"{ref / med:.2f}" if ref else "-"
+            print(f"| {LABELS[peer]} | {med:.1f} | {lo:.1f}-{hi:.1f} | {ratio} |")
+        print()
+    if args.overhead_steps > 0:
+        print(f"## Per-step overhead of the allreduce inside tf.function ({args.tensors} "
+              f"weight tensors of a Dense stack, batch 32, median of {args.overhead_steps} "
+              f"steps each)\n")
+        print("| ranks | step without allreduce (ms) | + numpy_function bridge (ms) | "
+              "+ py_function/DLPack bridge (ms) |")
+        print("|---|---|---|---|")
+        for np_ in (1, args.np):
+            res = _run_sdlrun(args, "overhead", np_)
+            ms = res["ms"]
+            base = ms["none"]
+            print(f"| {np_} | {base:.2f} | {ms['numpy_function']:.2f} "
+                  f"(+{ms['numpy_function'] - base:.2f}) | {ms['py_function_dlpack']:.2f} "
+                  f"(+{ms['py_function_dlpack'] - base:.2f}) |")
+        print()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", choices=PEERS + ("overhead",), help=argparse.SUPPRESS)
+    p.add_argument("--peers", default=",".join(PEERS))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--np", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--threads", type=int, default=1,
+                   help="TensorFlow intra/inter-op threads per process (default 1)")
+    p.add_argument("--tensors", type=int, default=50, help="weight tensors (overhead model)")
+    p.add_argument("--overhead-steps", type=int, default=200,
+                   help="timed steps per variant for the overhead table (0: skip it)")
+    p.add_argument("--overhead-only", action="store_true", help="only the overhead table")
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--quick", action="store_true", help="1 round, fewer steps")
+    args = p.parse_args()
+    if args.quick:
+        args.rounds, args.steps, args.overhead_steps = 1, 20, 60
+    if args.worker:
+        worker_main(args)
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
