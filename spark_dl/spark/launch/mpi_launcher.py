@@ -61,6 +61,12 @@ from spark_dl.spark.launch.task.output import StreamSink, TaskOutputForwarder
 
 __all__ = ["MpiLauncher", "host_alias", "spark_mpi_args"]
 
+# Open MPI refuses to run as root unless told. On Spark, mpirun and orted run under the
+# identity of the driver and the executors, which is often root (Databricks): that is the
+# user's choice of cluster, not a mistake to guard against (Horovod passes
+# --allow-run-as-root there too). sdlrun on a user's own machine keeps the refusal.
+RUN_AS_EXECUTOR = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
 # Always set: see the module docstring (3.).
 _FIXED_MCA = ("--mca", "plm_rsh_no_tree_spawn", "1", "--mca", "orte_leave_session_attached", "1")
 # extra_mpi_args may not change how ranks map to hosts (ranks follow the Spark tasks) nor
@@ -159,7 +165,7 @@ class MpiLauncher(Launcher):
             raise ValueError("the MPI launcher needs the driver service and an output sink")
         hosts = _hosts(ctx.placements)
         daemon_env = {alias: {DRIVER_VAR: format_endpoints(ctx.driver_endpoints),
-                              "SDL_HOST_ID": ps[0].task.host_hash}
+                              "SDL_HOST_ID": ps[0].task.host_hash, **RUN_AS_EXECUTOR}
                       for alias, ps in hosts.items()}
         ctx.driver.set_worker_env({
             p.rank: {k: v for k, v in device_environment(p.task.gpus).items()
@@ -202,7 +208,7 @@ class MpiLauncher(Launcher):
         alias_of = {ps[0].task.host_hash: alias for alias, ps in hosts.items()}
         slots = [dataclasses.replace(p.slot, hostname=alias_of[p.task.host_hash])
                  for p in ctx.placements]
-        env = mpi_environment(os.environ, ctx.user_env, ctx.job_id)
+        env = dict(mpi_environment(os.environ, ctx.user_env, ctx.job_id), **RUN_AS_EXECUTOR)
         # -x exports these by name: the job's controller and id, and the user's env.
         exported = {**ctx.user_env, "SDL_CONTROLLER": "mpi", "SDL_JOB_ID": ctx.job_id}
         options = LaunchOptions(controller="mpi", mpirun=self._mpirun,
