@@ -6,8 +6,10 @@ workers must see it through ``get_available_devices()`` and ``CUDA_VISIBLE_DEVIC
 """
 
 import io
+import sys
 import time
 
+import cloudpickle
 import pytest
 
 pytest.importorskip("pyspark")
@@ -17,6 +19,7 @@ from spark_dl.spark.launch.errors import NotEnoughSlotsError, WorkerFailedError 
 from test_run_cases import sigkill_rank_1, spark_session, topology, worker_processes  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import it
 
 _DISCOVERY = '#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0"]}\'\n'
 
@@ -49,7 +52,7 @@ def test_ranks_allreduce_gpus_across_executors(spark):
         assert r["secret_visible"] is False
     # Separate executor JVMs, hence separate pyspark daemons hosting the tasks.
     assert results[0]["task_parent"] != results[1]["task_parent"]
-    assert "[1]<stdout>: hello from rank 1\n" in out.getvalue()
+    assert "[1]<stdout>:hello from rank 1\n" in out.getvalue()
 
 
 def test_killed_worker_in_another_executor_ends_run(spark):
@@ -66,3 +69,45 @@ def test_more_workers_than_configured_slots_fails_fast(spark):
     with pytest.raises(NotEnoughSlotsError, match="num_proc=3 exceeds the 2 task slots"):
         run(topology, args=("x",), num_proc=3)
     assert time.monotonic() - start < 5
+
+
+def kill_executor_of_rank_1(stamp):
+    """Rank 1 SIGKILLs the executor JVM hosting its task (writing the time to ``stamp``
+    first); rank 0 waits in a collective."""
+    import os
+    import signal
+    import time
+
+    import numpy as np
+
+    import spark_dl.numpy as sdl
+
+    sdl.init()
+    if sdl.rank() == 1:
+        pid = os.getppid()  # the task's Python process, under the executor's JVM
+        while pid > 1:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"CoarseGrainedExecutorBackend" in f.read():
+                    with open(stamp, "w") as out:
+                        out.write(repr(time.time()))
+                    os.kill(pid, signal.SIGKILL)
+                    break
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        time.sleep(120)
+    time.sleep(1.0)
+    sdl.allreduce(np.ones(4), op=sdl.Sum)  # fails: rank 1 is gone with its executor
+    time.sleep(120)
+
+
+def test_lost_executor_blames_its_rank(spark, tmp_path):
+    """Last: it kills one of the module's executors (the standalone worker replaces it)."""
+    stamp = tmp_path / "killed_at"
+    with pytest.raises(WorkerFailedError) as info:
+        run(kill_executor_of_rank_1, args=(str(stamp),), num_proc=2, stderr=io.StringIO())
+    took = time.time() - float(stamp.read_text())
+    print(f"executor killed -> WorkerFailedError in {took:.1f} s:\n{info.value}")
+    assert info.value.rank == 1
+    assert "rank 1 was lost: its Spark task 1 on " in str(info.value)
+    assert took < 8  # about 3 s on an idle machine (TASK_LOST_S is 2 s)
+    assert worker_processes(info.value.job_id) == []

@@ -121,6 +121,8 @@ class ServiceServer:
         max_pending, max_pending_per_peer: bounds on connections that did not
             authenticate yet; the oldest are evicted past them.
         log: receives diagnostics (refused frames); None: silent.
+        on_disconnect: called with a connection's tags (see :meth:`tag`) when a tagged
+            connection ends, for whatever reason (the peer closed it or died).
     """
 
     def __init__(self, name: str, secret: bytes, handlers: Mapping[str, Callable[..., Any]],
@@ -129,8 +131,11 @@ class ServiceServer:
                  window_s: float = DEFAULT_WINDOW_S, read_timeout: float = 60.0,
                  auth_deadline_s: Optional[float] = None,
                  max_pending: int = DEFAULT_TOTAL, max_pending_per_peer: int = DEFAULT_PER_PEER,
-                 log: Optional[Callable[[str], None]] = None):
+                 log: Optional[Callable[[str], None]] = None,
+                 on_disconnect: Optional[Callable[[Dict[str, Any]], None]] = None):
         self.name = name
+        self._on_disconnect = on_disconnect
+        self._local = threading.local()  # the tags of the connection a thread serves
         self._secret = bytes(secret)
         self._handlers = dict(handlers)
         self._hosts = list(hosts)
@@ -155,6 +160,13 @@ class ServiceServer:
     def pending(self) -> PendingConnections:
         """The connections that did not authenticate yet (counters for diagnostics)."""
         return self._pending
+
+    def tag(self, key: str, value: Any) -> None:
+        """From a handler: attaches ``key=value`` to the connection it is serving, so
+        that ``on_disconnect`` learns whose connection ended (e.g. a task's)."""
+        tags = getattr(self._local, "tags", None)
+        if tags is not None:
+            tags[key] = value
 
     def _limit_of(self, kind: str) -> int:
         return self._limits.get(kind, self._max_request)
@@ -212,11 +224,11 @@ class ServiceServer:
                 state = pending.pop(conn, None)
                 if state is None:
                     return
+                if why is not None:
+                    self._refuse(why)  # counted before the peer can see the close
                 self._pending.discard(conn)
                 selector.unregister(conn)
                 conn.close()
-                if why is not None:
-                    self._refuse(why)
 
             for sock in self._listeners:
                 selector.register(sock, selectors.EVENT_READ, None)
@@ -312,6 +324,7 @@ class ServiceServer:
     # ---- authenticated connections: one thread each ------------------------------------
 
     def _serve(self, conn: socket.socket, header: FrameHeader, deadline: Deadline) -> None:
+        self._local.tags = tags = {}
         try:
             conn.setblocking(True)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -349,6 +362,11 @@ class ServiceServer:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
+            if tags and self._on_disconnect is not None and not self._stopping.is_set():
+                try:
+                    self._on_disconnect(dict(tags))
+                except Exception:  # a diagnostic hook must not break the service
+                    pass
 
     def _dispatch(self, kind: str, payload: bytes) -> Tuple[str, Any]:
         try:

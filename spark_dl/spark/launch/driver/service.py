@@ -6,7 +6,10 @@ It runs in the Spark driver for the duration of one :func:`spark_dl.spark.run`. 
 ================  =====================================================================
 ``register``      a task service announces itself: index, host hash, endpoints, GPUs
 ``task_failed``   a task's own code failed (before or while hosting its worker)
-``ping``          a task service asks whether to keep going (``{"stop": bool}``)
+``ping``          a task service asks whether to keep going (``{"stop": bool}``); the
+                  connection it pings on is the task's: if it closes before the task's
+                  rank reported its end, that rank is reported lost (executor lost, task
+                  killed) after :data:`TASK_LOST_S`
 ``code``          a worker fetches the pickled ``(fn, args, kwargs)``, which pickler made
                   it, and the variables to set in-process before running it (MPI path)
 ``result``        a worker posts its pickled return value
@@ -45,6 +48,10 @@ CONSEQUENCE_SETTLE_S = 6.0
 # read (other methods: the service's default, 64 KiB). A result is the function's pickled
 # return value; an error carries a pickled exception and its traceback; output comes in
 # batches of about 1 MiB.
+# A task's kept-alive connection (its pings and exit report) that closed without its
+# rank's exit being reported, and is not replaced by a new ping within this long, means
+# the task is gone (its executor was lost or Spark killed it): that rank is the cause.
+TASK_LOST_S = 2.0
 REQUEST_LIMITS = {"result": 1 << 31, "error": 256 << 20, "output": 64 << 20,
                   "task_failed": 16 << 20, "register": 1 << 20}
 
@@ -121,11 +128,12 @@ class DriverService:
         self._failures: List[Failure] = []
         self._stopping = False
         self._ended = False  # the launcher reported that every rank's process ended
+        self._lost: Dict[int, float] = {}  # task index -> when its connection closed
         self.server = ServiceServer("driver", secret, {
             "register": self._register, "task_failed": self._task_failed,
             "ping": self._ping, "code": self._get_code, "result": self._result,
             "error": self._error, "output": self._output, "worker_exit": self._worker_exit,
-        }, hosts=hosts, limits=REQUEST_LIMITS, log=log)
+        }, hosts=hosts, limits=REQUEST_LIMITS, log=log, on_disconnect=self._disconnected)
 
     def start(self) -> List[Endpoint]:
         return self.server.start()
@@ -146,6 +154,7 @@ class DriverService:
     def _register(self, index: int, host_hash: str, hostname: str, endpoints, gpus,
                   pid: int) -> dict:
         self._check_index(index)
+        self.server.tag("task", index)  # its pings and exit report follow on this connection
         reg = Registration(index, str(host_hash), str(hostname),
                            [(str(h), int(p)) for h, p in endpoints], [str(g) for g in gpus],
                            int(pid))
@@ -171,8 +180,42 @@ class DriverService:
                                traceback=traceback))
 
     def _ping(self, index: int) -> dict:
+        self._check_index(index)
+        self.server.tag("task", index)
         with self._cond:
+            self._lost.pop(index, None)  # (re)connected: not lost
             return {"stop": self._stopping or self._ended}
+
+    def _disconnected(self, tags: dict) -> None:
+        index = tags.get("task")
+        with self._cond:
+            if index is None or self._rank_of is None or self._stopping or self._ended:
+                return
+            rank = self._rank_of.get(index)
+            if rank is not None and rank not in self._exits:
+                self._lost[index] = time.monotonic()
+                self._cond.notify_all()
+
+    def _check_lost(self, confirmed: bool = False) -> None:
+        """Caller holds the condition: fails the ranks whose task is gone (see
+        :data:`TASK_LOST_S`); ``confirmed``: the Spark job failed, so every task whose
+        connection closed is gone, without waiting."""
+        now = time.monotonic()
+        for index, since in list(self._lost.items()):
+            rank = self._rank_of.get(index) if self._rank_of else None
+            if rank is None or rank in self._exits or self._stopping or self._ended:
+                del self._lost[index]
+                continue
+            if now - since < TASK_LOST_S and not confirmed:
+                continue
+            del self._lost[index]
+            reg = self._registrations.get(index)
+            where = f" on {reg.hostname} (task process pid {reg.pid})" if reg else ""
+            self._exits[rank] = -1
+            self._fail(Failure(1, f"rank {rank} was lost: its Spark task {index}{where} "
+                                  "disappeared without reporting the worker's end (its "
+                                  "executor was lost or the task was killed; see the Spark "
+                                  "executor logs)", rank=rank))
 
     def _get_code(self, rank: int) -> dict:
         self._check_rank(rank)
@@ -308,6 +351,7 @@ class DriverService:
         until every rank's end is known."""
         with self._cond:
             while True:
+                self._check_lost()
                 if self._failures:
                     wait = (consequence_settle_s
                             if all(f.priority >= 3 for f in self._failures) else settle_s)
@@ -320,8 +364,10 @@ class DriverService:
                 else:
                     text = problem()
                     if text is not None:
-                        # Let reports already on their way arrive before blaming Spark.
-                        self._cond.wait(0.2)
+                        # Let reports already on their way arrive before blaming Spark;
+                        # a task whose connection closed is the cause (its executor).
+                        self._cond.wait(0.5)
+                        self._check_lost(confirmed=True)
                         if not self._failures:
                             self._failures.append(Failure(2, text))
                         continue
