@@ -162,7 +162,7 @@ def test_fit_learns_reports_and_checkpoints(fitted, store):
 def test_transform_matches_local_model(fitted, df):
     _, model, _ = fitted
     out = model.transform(df)
-    assert out.columns == df.columns + ["y__output"]
+    assert out.columns == df.columns + ["y__output", "prediction"]  # mse: a regression
     pdf = out.orderBy("y").toPandas()
     expected = model.getModel().predict_on_batch(
         features_of(pdf).astype("float32")).reshape(-1)
@@ -228,7 +228,7 @@ def test_custom_objects_multi_io_weights_and_early_stopping(spark, store, df, tm
     assert {"out_y_loss", "out_z_loss"} <= set(history)
     out = fitted.transform(df)
     assert out.columns[-2:] == ["y__output", "z__output"]
-    assert dict(out.dtypes)["z__output"] == "array<float>"
+    assert dict(out.dtypes)["z__output"] == "vector"
     row = out.select("z__output").first()[0]
     assert len(row) == 2
     path = str(tmp_path / "multi")

@@ -143,11 +143,13 @@ def test_transform_matches_local_model_on_double_vectors(fitted, df):
     # (Horovod's estimator fails here with "mat1 and mat2 must have the same dtype").
     _, model, _ = fitted
     out = model.transform(df)
-    assert out.columns == ["features", "y", "y__output"]
+    # mse: a regression, so pyspark.ml's prediction column too (the same values).
+    assert out.columns == ["features", "y", "y__output", "prediction"]
     assert dict(out.dtypes)["y__output"] == "double"
     pdf = out.orderBy("y").toPandas()
     expected = local_predictions(model.getModel(), features_of(pdf))
     np.testing.assert_allclose(pdf["y__output"].to_numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(pdf["prediction"].to_numpy(), pdf["y__output"].to_numpy())
     # Array input (float64 lists) gives the same predictions; output_cols renames.
     arrays = out.select("features", "y").toPandas()
     adf = df.sparkSession.createDataFrame(
@@ -289,15 +291,71 @@ def test_two_inputs_two_outputs_sample_weights_custom_backend(spark, store):
     assert any("tfevents" in p for p in store.listdir(store.get_logs_path(model.getRunId())))
     out = model.setOutputCols(["reg_pred", "cls_logits"]).transform(df)
     assert dict(out.dtypes)["reg_pred"] == "double"
-    assert dict(out.dtypes)["cls_logits"] == "array<float>"
+    # Several values per row: a Spark ML vector (Horovod's format), or an array on request.
+    assert dict(out.dtypes)["cls_logits"] == "vector"
+    assert "prediction" not in out.columns  # two labels: no pyspark.ml prediction columns
+    as_arrays = model.copy().setOutputFormat("array").transform(df)
+    assert dict(as_arrays.dtypes)["cls_logits"] == "array<float>"
     pdf = out.limit(20).toPandas()
     with torch.no_grad():
         reg, logits = model.getModel()(
             torch.tensor(pdf["s"].to_numpy(), dtype=torch.float32).reshape(-1, 1),
             torch.tensor(np.stack(pdf["v"]), dtype=torch.float32))
     np.testing.assert_allclose(pdf["reg_pred"], reg.numpy().ravel(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.stack(pdf["cls_logits"]), logits.numpy(), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(np.stack([v.toArray() for v in pdf["cls_logits"]]),
+                               logits.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_spark_ml_columns_evaluators_and_cross_validator(spark, store, fitted, df):
+    # A classification loss gives pyspark.ml's prediction/probability/rawPrediction
+    # columns, so evaluators and CrossValidator work with their defaults.
+    from pyspark.ml.evaluation import (BinaryClassificationEvaluator,
+                                       MulticlassClassificationEvaluator, RegressionEvaluator)
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+    # Regression (mse): a prediction column, for RegressionEvaluator.
+    _, reg_model, _ = fitted
+    assert reg_model.getPredictionKind() == "regression"
+    rmse = RegressionEvaluator(labelCol="y").evaluate(reg_model.transform(df))
+    assert rmse < 1.0
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(400, 4))
+    cls = np.argmax(x[:, :3], axis=1)
+    from pyspark.ml.linalg import Vectors
+    cdf = spark.createDataFrame([(Vectors.dense(r), float(c), float(c == 0))
+                                 for r, c in zip(x, cls)], ["features", "label", "is0"]).cache()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    est = TorchEstimator(num_proc=2, model=net, optimizer=torch.optim.Adam(net.parameters(),
+                                                                           lr=0.02),
+                         loss=F.cross_entropy, feature_cols=["features"], label_cols=["label"],
+                         batch_size=32, epochs=4, store=store, verbose=0, random_seed=1)
+    slow = torch.optim.Adam(net.parameters(), lr=1e-5)
+    grid = ParamGridBuilder().addGrid(est.getParam("optimizer"),
+                                      [est.getOptimizer(), slow]).build()
+    evaluator = MulticlassClassificationEvaluator(labelCol="label", metricName="accuracy")
+    cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator,
+                        numFolds=2, seed=5).fit(cdf)
+    assert cv.avgMetrics[0] > cv.avgMetrics[1]  # lr 0.02 learns, 1e-5 barely moves
+    out = cv.bestModel.transform(cdf)
+    assert dict(out.dtypes)["probability"] == "vector" and \
+        dict(out.dtypes)["rawPrediction"] == "vector" and dict(out.dtypes)["prediction"] == \
+        "double"
+    assert evaluator.evaluate(out) > 0.8
+    probs = np.stack([v.toArray() for v in out.select("probability").toPandas()["probability"]])
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-6)
+
+    # Binary (BCE with logits): BinaryClassificationEvaluator reads rawPrediction.
+    torch.manual_seed(0)
+    bnet = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    bmodel = TorchEstimator(num_proc=2, model=bnet, optimizer=torch.optim.Adam(
+        bnet.parameters(), lr=0.05), loss=F.binary_cross_entropy_with_logits,
+        feature_cols=["features"], label_cols=["is0"], batch_size=32, epochs=4, store=store,
+        verbose=0).fit(cdf)
+    assert bmodel.getPredictionKind() == "binary_logits"
+    auc = BinaryClassificationEvaluator(labelCol="is0").evaluate(bmodel.transform(cdf))
+    assert auc > 0.9
 
 
 def nan_after_three_steps(model, optimizer, transform_outputs, loss_fn, inputs, labels,
@@ -371,7 +429,7 @@ def test_params_table_accessors_copy_and_signature():
     names = set(inspect.signature(TorchEstimator.__init__).parameters) - {"self"}
     # Horovod's params, plus spark_dl's own (terminate_on_nan: Horovod's Lightning one).
     horovod = set(HOROVOD_TORCH_PARAMS) | {"terminate_on_nan", "allow_nonfinite",
-                                           "scale_learning_rate"}
+                                           "scale_learning_rate", "prediction_kind"}
     assert names == horovod
     assert {p.name for p in est.params} == horovod
     assert "batch_size: rows per training batch" in est.explainParams()

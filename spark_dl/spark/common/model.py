@@ -9,9 +9,16 @@ by the transform), then applied to the rows of each Arrow batch. Feature columns
 converted as in training: vectors through Spark's ``vector_to_array`` with the dtype
 training used, and the predictor casts to the model's dtype.
 
-Output column types: one value per row -> double; a label that was a Spark ML vector ->
-a DenseVector column; otherwise an array of the model's float type (float for float32
-outputs, double for float64; multi-dimensional outputs are flattened per row).
+Output column types: one value per row -> double; several values per row -> a Spark ML
+DenseVector (Horovod's format), or with ``output_format="array"`` an array of the model's
+float type (float for float32 outputs, double for float64); multi-dimensional outputs are
+flattened per row.
+
+pyspark.ml's prediction columns: with ``prediction_kind`` set (estimators set it from
+their loss) the model also writes ``predictionCol`` (the value, or the class index as a
+double), and for classifiers ``probabilityCol`` and ``rawPredictionCol`` (vectors), so
+the model plugs into pyspark.ml's evaluators, ``CrossValidator`` and pipelines with their
+default column names. They come from the first output, for a model with one label.
 """
 
 import collections
@@ -21,6 +28,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 from pyspark.ml import Model
+from pyspark.sql import types as T
 
 from spark_dl.spark.common import constants
 from spark_dl.spark.common.params import MODEL_PARAMS, TableParams, define_params
@@ -114,9 +122,21 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
                                                       self._default_vector_dtype())
         out_cols = self.getOutputCols()
         kinds, types = self._output_types(predictor, specs, len(out_cols))
+        ml_cols = self._ml_columns()
+        for name, kind in ml_cols:
+            kinds.append(kind)
+            types.append(T.DoubleType() if kind == "scalar" else
+                         T.ArrayType(T.DoubleType(), True))
+        out_cols = out_cols + [name for name, _ in ml_cols]
+        twice = sorted({c for c in out_cols if out_cols.count(c) > 1})
+        if twice:
+            raise ValueError(f"transform() would write columns {twice} twice: output_cols and "
+                             "predictionCol/probabilityCol/rawPredictionCol must differ")
+        ml_kind = self.getPredictionKind() if ml_cols else None
 
         bc = df.sparkSession.sparkContext.broadcast(pickler().dumps(predictor))
-        predict_udf = _make_udf(uuid.uuid4().hex, bc, features, specs, kinds, types)
+        predict_udf = _make_udf(uuid.uuid4().hex, bc, features, specs, kinds, types, ml_kind,
+                                len(ml_cols))
         inputs = []
         for col in features:
             c = _col(col)
@@ -136,10 +156,25 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
             cols.append(field.alias(name))
         return out.select(*cols)
 
+    def _ml_columns(self) -> List[Tuple[str, str]]:
+        """(name, kind) of the pyspark.ml columns ``prediction_kind`` asks for."""
+        kind = self.getPredictionKind()
+        if kind is None:
+            return []
+        labels = self.getLabelColumns() or []
+        if len(labels) > 1:
+            raise ValueError(f"prediction_kind={kind!r} needs a model with one label column; "
+                             f"this one has {labels}: set prediction_kind=None and use "
+                             "output_cols")
+        cols = [(self.getPredictionCol(), "scalar")]
+        if kind != "regression":
+            cols += [(self.getProbabilityCol(), "vector"),
+                     (self.getRawPredictionCol(), "vector")]
+        return cols
+
     def _output_types(self, predictor, specs, n_cols):
         """(kind per output: scalar/array/vector, Spark type per output), from a prediction
         on two rows of zeros."""
-        from pyspark.sql import types as T
 
         zeros = {c: np.zeros([2] + list(s["shape"]), dtype=s["dtype"]) for c, s in specs.items()}
         try:
@@ -148,6 +183,20 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
             raise ValueError(f"the model cannot be applied to inputs of shapes "
                              f"{[[2] + list(s['shape']) for s in specs.values()]}: "
                              f"{type(e).__name__}: {e}") from e
+        kind = self.getPredictionKind()
+        if kind is not None:
+            first = np.asarray(outputs[0])
+            per_row = int(np.prod(first.shape[1:])) if first.ndim > 1 else 1
+            if kind in ("regression", "binary_logits", "binary_probabilities") and per_row != 1:
+                raise ValueError(f"prediction_kind={kind!r} needs one output value per row, "
+                                 f"but the model gives {per_row}; for {per_row} classes use "
+                                 "'logits', 'log_probabilities' or 'probabilities'")
+            if kind in ("logits", "log_probabilities", "probabilities") and \
+                    (first.ndim != 2 or per_row < 2):
+                raise ValueError(f"prediction_kind={kind!r} needs outputs of shape (rows, "
+                                 f"classes), but the model gives {list(first.shape[1:])} per "
+                                 "row; for one value per row use 'binary_logits' or "
+                                 "'binary_probabilities'")
         if len(outputs) != n_cols:
             raise ValueError(f"the model returns {len(outputs)} output(s) but output_cols "
                              f"names {n_cols} column(s): {self.getOutputCols()}")
@@ -159,12 +208,12 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
             per_row = int(np.prod(out.shape[1:])) if out.ndim > 1 else 1
             label_kind = known.get(labels[i], {}).get("kind") if i < len(labels) else None
             element = T.DoubleType() if out.dtype == np.float64 else T.FloatType()
-            if label_kind == constants.KIND_VECTOR:
-                kinds.append("vector")
-                types.append(T.ArrayType(T.DoubleType(), True))
-            elif per_row == 1 and label_kind in (None, constants.KIND_SCALAR):
+            if per_row == 1 and label_kind in (None, constants.KIND_SCALAR):
                 kinds.append("scalar")
                 types.append(T.DoubleType())
+            elif label_kind == constants.KIND_VECTOR or self.getOutputFormat() != "array":
+                kinds.append("vector")
+                types.append(T.ArrayType(T.DoubleType(), True))
             else:
                 kinds.append("array")
                 types.append(T.ArrayType(element, True))
@@ -228,9 +277,35 @@ def _column_array(col: str, series, spec: dict) -> np.ndarray:
     return values
 
 
-def _make_udf(key, bc, features, specs, kinds, types):
+def ml_columns(kind: str, output: np.ndarray) -> List[np.ndarray]:
+    """pyspark.ml's (prediction, probability, raw prediction) of a model ``output`` whose
+    meaning is ``kind`` (see :data:`~spark_dl.spark.common.params.PREDICTION_KINDS`);
+    regression gives the prediction alone. Rows first; computed in float64."""
+    rows = output.shape[0]
+    out = np.asarray(output, dtype=np.float64).reshape(rows, -1)
+    if kind == "regression":
+        return [out[:, 0]]
+    if kind in ("binary_logits", "binary_probabilities"):
+        z = out[:, 0]
+        if kind == "binary_logits":
+            p = 0.5 * (1.0 + np.tanh(0.5 * z))  # sigmoid, without overflow
+            raw = np.stack([-z, z], axis=1)
+        else:
+            p = np.clip(z, 0.0, 1.0)
+            raw = np.stack([1.0 - p, p], axis=1)
+        return [(p > 0.5).astype(np.float64), np.stack([1.0 - p, p], axis=1), raw]
+    if kind == "logits":
+        shifted = np.exp(out - out.max(axis=1, keepdims=True))
+        prob = shifted / shifted.sum(axis=1, keepdims=True)
+    elif kind == "log_probabilities":
+        prob = np.exp(out)
+    else:
+        prob = out
+    return [np.argmax(out, axis=1).astype(np.float64), prob, out]
+
+
+def _make_udf(key, bc, features, specs, kinds, types, ml_kind=None, n_ml=0):
     import pandas as pd
-    from pyspark.sql import types as T
     from pyspark.sql.functions import pandas_udf
 
     schema = T.StructType([T.StructField(f"_{i}", t, True) for i, t in enumerate(types)])
@@ -246,7 +321,9 @@ def _make_udf(key, bc, features, specs, kinds, types):
                                     for i in range(len(kinds))})
                 continue
             arrays = {c: _column_array(c, s, specs[c]) for c, s in zip(features, columns)}
-            outputs = predictor.predict(arrays)
+            outputs = list(predictor.predict(arrays))
+            if ml_kind is not None:
+                outputs += ml_columns(ml_kind, np.asarray(outputs[0]))[:n_ml]
             frame = {}
             for i, (out, kind) in enumerate(zip(outputs, kinds)):
                 out = np.asarray(out)

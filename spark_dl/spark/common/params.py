@@ -30,7 +30,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 
 __all__ = ["ParamSpec", "define_params", "set_param_defaults", "check_param_names", "TableParams",
            "params_signature", "params_doc", "accessor_stem", "ESTIMATOR_PARAMS",
-           "MODEL_PARAMS", "SCALE_LEARNING_RATE"]
+           "MODEL_PARAMS", "SCALE_LEARNING_RATE", "PREDICTION_KINDS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +242,20 @@ _typed(_verbose, "Optional[int]")
 
 # ----------------------------------------------------------------------------- tables
 
+def _choice(name: str, choices: Sequence[str]):
+    def convert(value):
+        if value is None:
+            return None
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+        return value
+    return _typed(convert, "Optional[str]")
+
+
+#: What a model's output means, for pyspark.ml's prediction columns (see MODEL_PARAMS).
+PREDICTION_KINDS = ("regression", "logits", "log_probabilities", "probabilities",
+                    "binary_logits", "binary_probabilities")
+
 #: Parameters every estimator shares (Horovod's ``EstimatorParams``).
 ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
     ParamSpec("num_proc", "number of training processes (default: the Spark application's "
@@ -336,6 +350,9 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
     ParamSpec("categorical_cols", "Horovod's categorical feature columns", None,
               _columns("categorical_cols"), ignored="list every feature column in "
               "feature_cols"),
+    ParamSpec("prediction_kind", "what the model's output is, for the trained model's "
+              "pyspark.ml prediction columns (see the model's prediction_kind; default: "
+              "from the loss)", None, _choice("prediction_kind", PREDICTION_KINDS)),
     ParamSpec("backend", "runs the training function on the workers (default: "
               "SparkBackend(num_proc)); exclusive with num_proc", None, pickled=True,
               annotation='Optional["Backend"]'),
@@ -357,6 +374,21 @@ MODEL_PARAMS: Tuple[ParamSpec, ...] = (
               "dtype, shape)", None, _dict("metadata")),
     ParamSpec("batch_size", "rows per forward pass in transform()", 1024,
               _int("batch_size", 1)),
+    ParamSpec("output_format", "type of output columns with several values per row: "
+              "'vector' (Spark ML DenseVector, Horovod's) or 'array' (array of the model's "
+              "float type)", "vector", _choice("output_format", ("vector", "array"))),
+    ParamSpec("prediction_kind", "what the model's output is, for pyspark.ml's prediction "
+              "columns: 'regression' (writes predictionCol), 'logits', 'log_probabilities', "
+              "'probabilities' (multi-class: also probabilityCol and rawPredictionCol), "
+              "'binary_logits', 'binary_probabilities'; None writes only output_cols "
+              "(default: from the training loss)", None,
+              _choice("prediction_kind", PREDICTION_KINDS)),
+    ParamSpec("predictionCol", "column of the predicted value or class index (double)",
+              "prediction", _str("predictionCol")),
+    ParamSpec("probabilityCol", "column of the class probabilities (Spark ML vector)",
+              "probability", _str("probabilityCol")),
+    ParamSpec("rawPredictionCol", "column of the raw scores (Spark ML vector)",
+              "rawPrediction", _str("rawPredictionCol")),
 )
 
 

@@ -419,6 +419,17 @@ class EstimatorParamsAccessors:
         """Sets ``categorical_cols``: Horovod's categorical feature columns. Returns self."""
         return self._set(categorical_cols=value)
 
+    def getPredictionKind(self) -> Optional[str]:
+        """Gets ``prediction_kind``: what the model's output is, for the trained model's pyspark.ml
+        prediction columns (see the model's prediction_kind; default: from the loss)."""
+        return self.getOrDefault('prediction_kind')
+
+    def setPredictionKind(self: _P, value: Optional[str]) -> _P:
+        """Sets ``prediction_kind``: what the model's output is, for the trained model's pyspark.ml
+        prediction columns (see the model's prediction_kind; default: from the loss). Returns
+        self."""
+        return self._set(prediction_kind=value)
+
     def getBackend(self) -> Optional["Backend"]:
         """Gets ``backend``: runs the training function on the workers (default:
         SparkBackend(num_proc)); exclusive with num_proc."""
@@ -501,3 +512,55 @@ class ModelParamsAccessors:
     def setBatchSize(self: _P, value: Optional[int]) -> _P:
         """Sets ``batch_size``: rows per forward pass in transform(). Returns self."""
         return self._set(batch_size=value)
+
+    def getOutputFormat(self) -> Optional[str]:
+        """Gets ``output_format``: type of output columns with several values per row: 'vector'
+        (Spark ML DenseVector, Horovod's) or 'array' (array of the model's float type)."""
+        return self.getOrDefault('output_format')
+
+    def setOutputFormat(self: _P, value: Optional[str]) -> _P:
+        """Sets ``output_format``: type of output columns with several values per row: 'vector'
+        (Spark ML DenseVector, Horovod's) or 'array' (array of the model's float type). Returns
+        self."""
+        return self._set(output_format=value)
+
+    def getPredictionKind(self) -> Optional[str]:
+        """Gets ``prediction_kind``: what the model's output is, for pyspark.ml's prediction
+        columns: 'regression' (writes predictionCol), 'logits', 'log_probabilities', 'probabilities'
+        (multi-class: also probabilityCol and rawPredictionCol), 'binary_logits',
+        'binary_probabilities'; None writes only output_cols (default: from the training loss)."""
+        return self.getOrDefault('prediction_kind')
+
+    def setPredictionKind(self: _P, value: Optional[str]) -> _P:
+        """Sets ``prediction_kind``: what the model's output is, for pyspark.ml's prediction
+        columns: 'regression' (writes predictionCol), 'logits', 'log_probabilities', 'probabilities'
+        (multi-class: also probabilityCol and rawPredictionCol), 'binary_logits',
+        'binary_probabilities'; None writes only output_cols (default: from the training loss).
+        Returns self."""
+        return self._set(prediction_kind=value)
+
+    def getPredictionCol(self) -> Optional[str]:
+        """Gets ``predictionCol``: column of the predicted value or class index (double)."""
+        return self.getOrDefault('predictionCol')
+
+    def setPredictionCol(self: _P, value: Optional[str]) -> _P:
+        """Sets ``predictionCol``: column of the predicted value or class index (double). Returns
+        self."""
+        return self._set(predictionCol=value)
+
+    def getProbabilityCol(self) -> Optional[str]:
+        """Gets ``probabilityCol``: column of the class probabilities (Spark ML vector)."""
+        return self.getOrDefault('probabilityCol')
+
+    def setProbabilityCol(self: _P, value: Optional[str]) -> _P:
+        """Sets ``probabilityCol``: column of the class probabilities (Spark ML vector). Returns
+        self."""
+        return self._set(probabilityCol=value)
+
+    def getRawPredictionCol(self) -> Optional[str]:
+        """Gets ``rawPredictionCol``: column of the raw scores (Spark ML vector)."""
+        return self.getOrDefault('rawPredictionCol')
+
+    def setRawPredictionCol(self: _P, value: Optional[str]) -> _P:
+        """Sets ``rawPredictionCol``: column of the raw scores (Spark ML vector). Returns self."""
+        return self._set(rawPredictionCol=value)

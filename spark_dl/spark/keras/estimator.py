@@ -211,7 +211,11 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
             model=model, custom_objects=fw.custom_objects,
             feature_columns=self.getFeatureCols(), label_columns=self.getLabelCols(),
             history=result["history"], run_id=run_id, metadata=metadata,
-            batch_size=max(self.getValBatchSize() or self.getBatchSize(), 256))
+            batch_size=max(self.getValBatchSize() or self.getBatchSize(), 256),
+            prediction_kind=self.getPredictionKind() or (
+                util.prediction_kind(self.getLoss() if self.getLoss() is not None
+                                     else getattr(self.getModel(), "loss", None))
+                if len(self.getLabelCols()) == 1 else None))
 
 
 KerasEstimator.__init__.__signature__ = params_signature(

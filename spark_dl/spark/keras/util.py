@@ -158,6 +158,38 @@ def unpack_outputs(outputs) -> List[np.ndarray]:
     return [np.asarray(o) for o in outputs]
 
 
+_CLASSIFICATION = {"sparse_categorical_crossentropy": "multi", "categorical_crossentropy": "multi",
+                   "binary_crossentropy": "binary", "binary_focal_crossentropy": "binary"}
+_REGRESSION = {"mse", "mae", "mean_squared_error", "mean_absolute_error", "huber",
+               "log_cosh", "mean_squared_logarithmic_error", "msle"}
+
+
+def prediction_kind(loss) -> Optional[str]:
+    """What the model's output means, from its Keras loss (a name, a loss object or a
+    built-in loss function): None for several losses or an unknown one."""
+    if isinstance(loss, (list, tuple, dict)):
+        if len(loss) != 1:
+            return None
+        loss = list(loss.values())[0] if isinstance(loss, dict) else loss[0]
+    from_logits = False
+    if isinstance(loss, str):
+        name = loss
+    else:
+        config = getattr(loss, "get_config", lambda: {})() or {}
+        from_logits = bool(config.get("from_logits", False))
+        fn = getattr(loss, "fn", loss)
+        name = getattr(fn, "__name__", "") or config.get("name", "")
+    name = name.lower()
+    if name in _REGRESSION:
+        return "regression"
+    kind = _CLASSIFICATION.get(name)
+    if kind == "multi":
+        return "logits" if from_logits else "probabilities"
+    if kind == "binary":
+        return "binary_logits" if from_logits else "binary_probabilities"
+    return None
+
+
 def describe(arrays) -> str:
     """``[(2, 4) float32, (2,) int64]`` for error messages."""
     if isinstance(arrays, (list, tuple)):

@@ -219,7 +219,10 @@ class TorchEstimator(TorchEstimatorParamsAccessors, EstimatorBase):
             model=model, optimizer=optimizer, feature_columns=self.getFeatureCols(),
             label_columns=self.getLabelCols(), history=result["history"], run_id=run_id,
             input_shapes=framework.input_shapes, metadata=metadata,
-            batch_size=max(self.getValBatchSize() or self.getBatchSize(), 256))
+            batch_size=max(self.getValBatchSize() or self.getBatchSize(), 256),
+            prediction_kind=self.getPredictionKind() or (
+                util.prediction_kind(self._losses()) if len(self.getLabelCols()) == 1
+                else None))
 
 
 TorchEstimator.__init__.__signature__ = params_signature(
