@@ -59,7 +59,7 @@ from spark_dl.spark.launch.task.environment import (DRIVER_VAR, PYTHON_VAR, devi
                                                     format_endpoints)
 from spark_dl.spark.launch.task.output import StreamSink, TaskOutputForwarder
 
-__all__ = ["MpiLauncher", "host_alias", "spark_mpi_args"]
+__all__ = ["MpiLauncher", "host_alias", "spark_mpi_args", "job_interfaces"]
 
 # Open MPI refuses to run as root unless told. On Spark, mpirun and orted run under the
 # identity of the driver and the executors, which is often root (Databricks): that is the
@@ -87,9 +87,27 @@ def host_alias(host_hash: str) -> str:
     return f"sdl-{host_hash}"
 
 
-def spark_mpi_args(extra_mpi_args, nics: Optional[Sequence[str]] = None) -> List[str]:
+def job_interfaces(addresses: Sequence[str]) -> str:
+    """Open MPI's ``*_if_include`` value for the addresses a job uses (the driver's and
+    the task services'): ``lo`` when they are all loopback, else each as a ``/32``
+    network, so that mpirun, the daemons and the ranks connect only over them."""
+    unique = sorted(set(addresses))
+    if all(a.startswith("127.") or a == "::1" for a in unique):
+        return "lo"
+    return ",".join(f"{a}/128" if ":" in a else f"{a}/32" for a in unique)
+
+
+def spark_mpi_args(extra_mpi_args, nics: Optional[Sequence[str]] = None,
+                   addresses: Sequence[str] = (), single_host: bool = False) -> List[str]:
     """``extra_mpi_args`` (a string split like a shell, or a list), checked, after the
-    fixed settings and the ``nics`` interfaces (unless it chooses its own).
+    fixed settings and the job's network (each unless ``extra_mpi_args`` sets its own):
+
+    - ``oob_tcp_if_include``/``btl_tcp_if_include``: the ``nics`` interfaces, else the
+      ``addresses`` the job uses (:func:`job_interfaces`);
+    - ``btl ^tcp,ofi`` for a ``single_host`` job: its ranks meet through shared memory,
+      so none opens the listeners of Open MPI's network transports (the TCP one binds
+      every interface whatever ``btl_tcp_if_include`` says; libfabric's binds the host's
+      address).
 
     Raises:
         ValueError: a flag that ``run`` sets itself or that would break the launch.
@@ -103,10 +121,13 @@ def spark_mpi_args(extra_mpi_args, nics: Optional[Sequence[str]] = None) -> List
                 "the Spark tasks decide the ranks and their hosts, output is always tagged, "
                 "and mpirun reaches the executors through the task services)")
     args = list(_FIXED_MCA)
-    if nics:
+    interfaces = ",".join(nics) if nics else (job_interfaces(addresses) if addresses else "")
+    if interfaces:
         for param in ("btl_tcp_if_include", "oob_tcp_if_include"):
             if param not in extra:
-                args += ["--mca", param, ",".join(nics)]
+                args += ["--mca", param, interfaces]
+    if single_host and "btl" not in extra:
+        args += ["--mca", "btl", "^tcp,ofi"]
     return args + extra
 
 
@@ -211,8 +232,11 @@ class MpiLauncher(Launcher):
         env = dict(mpi_environment(os.environ, ctx.user_env, ctx.job_id), **RUN_AS_EXECUTOR)
         # -x exports these by name: the job's controller and id, and the user's env.
         exported = {**ctx.user_env, "SDL_CONTROLLER": "mpi", "SDL_JOB_ID": ctx.job_id}
+        addresses = [h for h, _ in ctx.driver_endpoints] + [
+            h for p in ctx.placements for h, _ in p.task.endpoints]
         options = LaunchOptions(controller="mpi", mpirun=self._mpirun,
-                                mpi_args=spark_mpi_args(self._extra, ctx.nics),
+                                mpi_args=spark_mpi_args(self._extra, ctx.nics, addresses,
+                                                        single_host=len(hosts) == 1),
                                 ssh_command=(sys.executable, "-m", "spark_dl.spark.launch.rsh_agent"))
         # The executor's interpreter (the task's, in the daemon's environment) runs the
         # bootstrap; the job id is hex, safe inside the shell line.
