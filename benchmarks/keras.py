@@ -10,16 +10,20 @@ Throughput. Each round launches one 2-rank job per peer, in an order that rotate
 round (a shared machine's noise then hits every peer alike):
 
 ================  ======================================================================
-spark_dl          ``sdlrun -np 2``: ``model.fit`` with ``DistributedOptimizer(SGD)``
+spark_dl          ``sdlrun -np 2``: a ``tf.function`` step with ``DistributedGradientTape``
 mwms              2 processes with ``TF_CONFIG`` on 127.0.0.1:
                   ``tf.distribute.MultiWorkerMirroredStrategy`` (RING collectives, what
-                  spark-tensorflow-distributor uses), ``model.fit`` under its scope
-local             2 processes training alone, no communication (the ceiling under the
-                  same CPU contention)
+                  spark-tensorflow-distributor uses), its ``strategy.run`` custom-loop
+                  recipe (Keras 3's ``model.fit`` does not run under this strategy:
+                  keras-team/keras issue 20585)
+spark_dl_fit      ``sdlrun -np 2``: the train function ``model.fit`` compiles, with
+                  ``DistributedOptimizer(SGD)``, called step by step
+local             2 processes training alone with the ``tf.function`` step, no
+                  communication (the ceiling under the same CPU contention)
 ================  ======================================================================
 
-Every peer trains examples/keras_synthetic_benchmark.py's small CNN on the same synthetic
-batch size per rank with ``model.fit`` (XLA off), ``--warmup`` steps untimed, then
+Every peer trains examples/keras_synthetic_benchmark.py's small CNN (SGD with momentum)
+on the same synthetic batch per rank, XLA off: ``--warmup`` steps untimed, then
 ``--steps`` timed; rank 0 reports images/s per rank. The tables give the median over
 rounds, the spread (min-max) and spark_dl's ratio to each peer.
 
@@ -58,9 +62,11 @@ def _load_harness():
 H = _load_harness()
 
 MARK = "SDL_KERAS_BENCH "
-PEERS = ("spark_dl", "mwms", "local")
-LABELS = {"spark_dl": "spark_dl DistributedOptimizer", "local": "no communication (ceiling)",
-          "mwms": "tf.distribute MultiWorkerMirroredStrategy"}
+PEERS = ("spark_dl", "mwms", "spark_dl_fit", "local")
+LABELS = {"spark_dl": "spark_dl DistributedGradientTape (tf.function loop)",
+          "spark_dl_fit": "spark_dl DistributedOptimizer (model.fit's train function)",
+          "local": "no communication (ceiling, tf.function loop)",
+          "mwms": "tf.distribute MultiWorkerMirroredStrategy (strategy.run loop)"}
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -73,52 +79,62 @@ def _quiet_tf(threads):
     return tf
 
 
-class _Timer:
-    def __init__(self, keras, warmup):
-        class T(keras.callbacks.Callback):
-            def on_train_batch_end(cb, batch, logs=None):
-                if batch + 1 == warmup:
-                    cb.start = time.perf_counter()
-
-            def on_train_end(cb, logs=None):
-                cb.end = time.perf_counter()
-        self.cb = T()
-
-
-def _fit(keras, model, opt, args, strategy=None):
+def _batch(args):
     import numpy as np
-    import tensorflow as tf
-    from keras_synthetic_benchmark import small_cnn  # noqa: F401 - model built by caller
     rng = np.random.default_rng(0)
-    n = args.batch_size * (strategy.num_replicas_in_sync if strategy else 1)
-    x = rng.random((n, 32, 32, 3), dtype=np.float32)
-    y = rng.integers(0, 10, size=(n,)).astype(np.int32)
-    ds = tf.data.Dataset.from_tensors((x, y)).repeat()
-    if strategy is not None:
-        opts = tf.data.Options()
-        opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        ds = ds.with_options(opts)
-    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True), jit_compile=False)
-    timer = _Timer(keras, args.warmup).cb
-    steps = args.warmup + args.steps
-    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
-    return args.batch_size * args.steps / (timer.end - timer.start)
+    x = rng.random((args.batch_size, 32, 32, 3), dtype=np.float32)
+    y = rng.integers(0, 10, size=(args.batch_size,)).astype(np.int32)
+    return x, y
 
 
-def worker_spark_dl(args, local=False):
-    _quiet_tf(args.threads)
+def _timed(step, args):
+    """Runs ``step()`` ``--warmup`` times untimed, then ``--steps`` times; img/s per rank."""
+    for _ in range(args.warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    return args.batch_size * args.steps / (time.perf_counter() - t0)
+
+
+def _loss_fn(keras):
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def worker_spark_dl(args, peer):
+    tf = _quiet_tf(args.threads)
     import keras
 
     import spark_dl.keras as hvd
+    import spark_dl.tensorflow as hvd_tf
     from keras_synthetic_benchmark import small_cnn
     hvd.init()
     keras.utils.set_random_seed(0)
     model = small_cnn()
     opt = keras.optimizers.SGD(0.01, momentum=0.9)
-    if not local:
-        opt = hvd.DistributedOptimizer(opt)
-    rate = _fit(keras, model, opt, args)
+    x, y = _batch(args)
+    if peer == "spark_dl_fit":
+        model.compile(optimizer=hvd.DistributedOptimizer(opt), loss=_loss_fn(keras),
+                      jit_compile=False)
+        ds = tf.data.Dataset.from_tensors((x, y)).repeat()
+        it = iter(ds)
+        # model.fit's own loop, one step per call: the same timing as the other peers.
+        model.fit(ds, steps_per_epoch=1, epochs=1, verbose=0)
+        train = model.make_train_function()
+        rate = _timed(lambda: train(it), args)
+    else:
+        loss_fn = _loss_fn(keras)
+        x, y = tf.constant(x), tf.constant(y)
+        opt.build(model.trainable_variables)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            if peer == "spark_dl":
+                tape = hvd_tf.DistributedGradientTape(tape)
+            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        rate = _timed(step, args)
     return hvd.rank(), {"img_per_s": rate, "tensors": len(model.trainable_variables)}
 
 
@@ -134,7 +150,22 @@ def worker_mwms(args):
         keras.utils.set_random_seed(0)
         model = small_cnn()
         opt = keras.optimizers.SGD(0.01, momentum=0.9)
-    rate = _fit(keras, model, opt, args, strategy)
+        opt.build(model.trainable_variables)
+    loss_fn = _loss_fn(keras)
+    x, y = (tf.constant(a) for a in _batch(args))
+
+    # Keras 3's model.fit does not run under MultiWorkerMirroredStrategy (keras-team/keras
+    # issue 20585), so this peer is TensorFlow's custom-loop recipe: strategy.run over a
+    # tf.function step, the optimizer summing the replicas' gradients.
+    @tf.function
+    def step():
+        def replica_step():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True)) / strategy.num_replicas_in_sync
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply(grads, model.trainable_variables)
+        strategy.run(replica_step)
+    rate = _timed(step, args)
     return json.loads(os.environ["TF_CONFIG"])["task"]["index"], {"img_per_s": rate}
 
 
@@ -153,7 +184,6 @@ def worker_overhead(args):
 
     import spark_dl.tensorflow as hvd
     from spark_dl.common import ops as _ops
-    from spark_dl.common.handles import CompositeHandle
     hvd.init()
     model = _overhead_model(keras, args.tensors)
     opt = keras.optimizers.SGD(0.001)
@@ -162,18 +192,19 @@ def worker_overhead(args):
     variables = model.trainable_variables
 
     def dlpack_grouped_allreduce(grads):
-        # The alternative bridge: EagerTensors in, DLPack capsules to the core, DLPack out.
-        def body(*ts):
-            caps = [tf.experimental.dlpack.to_dlpack(t) for t in ts]
-            outs = [tf.zeros_like(t) for t in ts]
-            out_caps = [tf.experimental.dlpack.to_dlpack(o) for o in outs]
-            group = _ops.group_name("dlpack_bench", None, None)
-            hs = [_ops.submit("allreduce", f"{group}.{i}", c, o, op=hvd.Average, group=group,
-                              group_size=len(ts), finish=lambda *a: None)
-                  for i, (c, o) in enumerate(zip(caps, out_caps))]
-            CompositeHandle(hs, list, group).wait()
-            return outs
-        return tf.py_function(body, grads, [g.dtype for g in grads])
+        # The alternative bridge, packed the same way (one flat tensor): an EagerTensor in,
+        # DLPack capsules to the core and back, the output allocated by TensorFlow.
+        flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+
+        def body(t):
+            out = tf.zeros_like(t)
+            h = _ops.submit("allreduce", "dlpack_bench", tf.experimental.dlpack.to_dlpack(t),
+                            tf.experimental.dlpack.to_dlpack(out), op=hvd.Average)
+            h.wait()
+            return out
+        reduced = tf.py_function(body, [flat], tf.float32)
+        sizes = [int(np.prod(g.shape)) for g in grads]
+        return [tf.reshape(p, g.shape) for p, g in zip(tf.split(reduced, sizes), grads)]
 
     def make(kind):
         @tf.function
@@ -211,7 +242,7 @@ def worker_main(args):
     elif args.worker == "mwms":
         rank, res = worker_mwms(args)
     else:
-        rank, res = worker_spark_dl(args, local=args.worker == "local")
+        rank, res = worker_spark_dl(args, args.worker)
     if rank == 0:
         print(MARK + json.dumps(res), flush=True)
 
@@ -272,7 +303,7 @@ def _run_processes(args, peer, np_):
 
 
 def _run_peer(args, peer):
-    if peer == "spark_dl":
+    if peer in ("spark_dl", "spark_dl_fit"):
         return _run_sdlrun(args, peer, args.np)
     return _run_processes(args, peer, args.np)
 
