@@ -15,9 +15,11 @@ nothing is written and :meth:`TensorBoardLogger.close` returns a note saying so.
 
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
+import types
 from typing import Optional
 
 __all__ = ["TensorBoardLogger"]
@@ -43,6 +45,16 @@ class _ScalarWriter:
 
     def close(self) -> None:
         self._events.close()
+
+
+def _use_tensorflow_stub() -> None:
+    """Writing scalars needs no TensorFlow, but where it is installed the writer imports it
+    (seconds, on every fit). Unless this process already imported it, select TensorBoard's
+    own TensorFlow stub the way its no-TensorFlow build does: a ``tensorboard.compat.notf``
+    module (TensorBoard decides once per process, at its first use of ``compat.tf``)."""
+    if "tensorflow" not in sys.modules:
+        sys.modules.setdefault("tensorboard.compat.notf",
+                               types.ModuleType("tensorboard.compat.notf"))
 
 
 class TensorBoardLogger:
@@ -75,6 +87,7 @@ class TensorBoardLogger:
 
     def _open(self) -> None:
         try:
+            _use_tensorflow_stub()
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             if self.store.capabilities.local_paths:
