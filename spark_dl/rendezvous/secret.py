@@ -13,8 +13,9 @@ and only then parses the body. Nothing is deserialized from an unauthenticated m
 
 Two shapes are offered: :func:`compute_mac` / :func:`verify_mac` for protocols that carry
 the tag out of band (the HTTP rendezvous puts it in a header), and :func:`seal` /
-:func:`unseal_from` for a self-contained framed message on a raw stream (the Spark
-services).
+:func:`unseal_from` for a self-contained message with one tag over everything (read whole
+before its tag is checked: fit for small messages; the Spark services use
+:mod:`spark_dl.rendezvous.frames`, whose header is authenticated before the body is read).
 
 Tags cover a *context* string first (domain separation: a tag made for a rendezvous
 response can never pass as a rendezvous request or as a service message), then every part
