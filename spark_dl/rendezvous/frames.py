@@ -42,8 +42,8 @@ KIND_BYTES = 16
 _HEADER = struct.Struct(f">4s{NONCE_BYTES}sqQ{KIND_BYTES}s{MAC_BYTES}s")
 HEADER_BYTES = _HEADER.size
 _Q = struct.Struct(">Q")
-# Body reads go in chunks of this size: a body is allocated as it arrives, never
-# from the announced length alone.
+# Largest single read. Nothing is allocated from an announced length before the header
+# that announces it has authenticated.
 _CHUNK = 1 << 20
 # Slowest body transfer a frame deadline allows for (bytes per second) on top of its
 # fixed part; a 2 GiB result then has about 35 minutes.
@@ -189,16 +189,38 @@ def recv_exact(sock: socket.socket, n: int, deadline: Deadline) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+def _recv_buffer(sock: socket.socket, n: int, deadline: Deadline) -> bytearray:
+    """Reads exactly ``n`` bytes into one buffer (no second copy of a large body). Only
+    for an authenticated header: the buffer is allocated from the announced length."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        left = deadline.left()
+        if left <= 0:
+            raise FrameTimeout(f"frame not complete by its deadline ({got} of {n} bytes)")
+        sock.settimeout(left)
+        try:
+            k = sock.recv_into(view[got:], min(n - got, _CHUNK))
+        except socket.timeout:
+            raise FrameTimeout(f"frame not complete by its deadline ({got} of {n} bytes)") \
+                from None
+        if k == 0:
+            raise EOFError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return buf
+
+
 def read_body(sock: socket.socket, header: FrameHeader, secret: bytes, context: bytes,
-              deadline: Deadline) -> bytes:
+              deadline: Deadline) -> bytearray:
     """Reads the payload and trailer of an authenticated header and checks the body tag.
 
     The deadline is extended by the time the announced length needs at
     :data:`MIN_BODY_RATE`.
     """
     deadline.extend(header.length / MIN_BODY_RATE)
-    data = recv_exact(sock, header.length + MAC_BYTES, deadline)
-    payload, tag = data[:header.length], data[header.length:]
+    payload = _recv_buffer(sock, header.length, deadline)
+    tag = recv_exact(sock, MAC_BYTES, deadline)
     if not verify_mac(secret, tag, context, b"body", header.tag, payload):
         raise AuthenticationError("frame body failed authentication")
     return payload
