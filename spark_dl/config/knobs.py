@@ -99,6 +99,9 @@ PLATFORM_INPUTS: Dict[str, str] = {
     "JAVA_HOME": "checked before using an HDFS store (Hadoop's native client needs it)",
     "HADOOP_HOME": "checked before using an HDFS store",
     "CLASSPATH": "checked before using an HDFS store",
+    "TF_NUM_INTRAOP_THREADS": "TensorFlow's own thread setting: when set, KerasEstimator's "
+                              "workers keep it instead of sharing the host's cores between "
+                              "its ranks",
 }
 
 _SPACE = " \t\n\r\f\v"
