@@ -197,8 +197,12 @@ def _build(package: str) -> type:
         # ------------------------------------------------------------- setup
 
         def setup(self, trainer) -> None:
-            super().setup(trainer)  # accelerator, precision, device, optimizers
             sdl = self._sdl()
+            if self._layer_sync is not None and trainer.state.fn == trainer_fn.FITTING:
+                # Trainer(sync_batchnorm=True): spark_dl's SyncBatchNorm (torch's needs
+                # torch.distributed); the layers keep their parameter objects.
+                self.model = sdl.SyncBatchNorm.convert_sync_batchnorm(self.model)
+            super().setup(trainer)  # accelerator, precision, device, optimizers
             module = self.lightning_module
             sdl.broadcast_parameters(module.state_dict(), root_rank=0)
             if self._sync_torchmetrics:

@@ -201,3 +201,39 @@ def fit_pytorch_lightning():
     return {"weights": [p.detach().clone() for p in module.parameters()],
             "base": [c.__module__.split(".")[0] for c in type(strategy).__mro__[1:3]],
             "steps": trainer.global_step}
+
+
+def fit_sync_batchnorm():
+    """Trainer(sync_batchnorm=True): BatchNorm statistics over both ranks' batches."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import spark_dl.torch as sdl
+    from spark_dl.lightning import SparkDLStrategy
+
+    sdl.init()
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4),
+                                           torch.nn.Linear(4, 1))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=LR)
+
+    (x, y), _ = _data()
+    x = x * (1 + 3 * sdl.rank())  # different statistics per rank
+    trainer = pl.Trainer(strategy=SparkDLStrategy(), accelerator="cpu", max_epochs=1,
+                         sync_batchnorm=True, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False)
+    module = Module()
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=BATCH))
+    bn = module.net[1]
+    return {"type": type(bn).__module__, "running_var": bn.running_var.clone(),
+            "weights": [p.detach().clone() for p in module.parameters()]}

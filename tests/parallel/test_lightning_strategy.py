@@ -3,6 +3,7 @@ batches, validation metrics (self.log sync_dist and torchmetrics) equal to the
 single-process ones, checkpoints written by rank 0 only, and the collectives Lightning uses."""
 
 import pytest
+import torch
 
 from harness import run_once, run_ranks
 
@@ -65,3 +66,11 @@ def test_pytorch_lightning_package():
     assert r0["base"] == ["pytorch_lightning", "pytorch_lightning"]
     assert r0["steps"] == 8
     assert _close(r0["weights"], r1["weights"], tol=0.0), "ranks ended with different weights"
+
+
+def test_sync_batchnorm():
+    r0, r1 = _launch("fit_sync_batchnorm")
+    assert r0["type"] == "spark_dl.torch.sync_batch_norm"
+    # Statistics over both ranks' (differently scaled) batches: the same on both ranks.
+    assert torch.allclose(r0["running_var"], r1["running_var"])
+    assert _close(r0["weights"], r1["weights"], tol=1e-6)

@@ -122,12 +122,15 @@ def _tap_class(pl):
             self.worker = worker
             self.epoch_starts = 0
 
-        def _result(self, outputs, batch):
+        def _result(self, outputs, batch, scale=1):
             """(rows, loss, metric values) of the step that just ran: the loss the step
-            returned, else the one it logged (``train_loss``/``val_loss``/``loss``)."""
+            returned (times ``scale``), else the one it logged
+            (``train_loss``/``val_loss``/``loss``)."""
             w = self.worker
             logged = w.capture.values
             loss = util.loss_of_outputs(outputs)
+            if loss is not None:
+                loss *= scale
             if loss is None:
                 loss = logged.get("loss")
             values = [logged.get(n, float("nan")) for n in w.fw.metric_names]
@@ -142,7 +145,10 @@ def _tap_class(pl):
             self.worker.capture.clear()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            self.worker.last_result = self._result(outputs, batch)
+            # Automatic optimization hands callbacks the loss divided by
+            # accumulate_grad_batches (what backward saw); the history wants the step's.
+            scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+            self.worker.last_result = self._result(outputs, batch, scale)
 
         def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx,
                                     dataloader_idx=0):
