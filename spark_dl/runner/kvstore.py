@@ -47,10 +47,10 @@ DEFAULT_MAX_BODY = 16 * 1024 * 1024
 # usable; a larger one closes the connection unread.
 _DRAIN_LIMIT = 1024 * 1024
 # Request line and headers together, before the request is authenticated.
-MAX_HEAD_BYTES = 16 * 1024
+MAX_HEAD_BYTES = 8 * 1024
 # A pending connection's body up to this size is read freely; larger ones draw on the
 # shared budget (real values are addresses: a few hundred bytes).
-FREE_BODY_BYTES = 64 * 1024
+FREE_BODY_BYTES = 4 * 1024
 PREAUTH_BODY_BUDGET = 16 * 1024 * 1024
 DEFAULT_IDLE_S = 60.0
 DEFAULT_REQUEST_S = 60.0
