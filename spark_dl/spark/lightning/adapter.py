@@ -26,6 +26,7 @@ history), taken when the epoch's work is complete; a resumed fit restores it wit
 counters).
 """
 
+import atexit
 import dataclasses
 import importlib
 import io
@@ -228,6 +229,7 @@ class LightningWorker(WorkerAdapter):
         self.ckpt_path: Optional[str] = None
         self.checkpoint: Optional[dict] = None
         self.trainer = None
+        self._out: Optional[str] = None       # the run's local output directory
 
     # ------------------------------------------------------------------ state
 
@@ -303,17 +305,19 @@ class LightningWorker(WorkerAdapter):
     # ------------------------------------------------------------------ outputs
 
     def _output_dir(self) -> Optional[str]:
-        """This run's local output directory (the run directory of a local store)."""
+        """This run's local output directory: the run directory of a local store, else a
+        temporary directory that rank 0 publishes into the run directory after each epoch
+        (removed when the worker process exits)."""
         store = self.spec.remote_store
-        if getattr(self, "_out", None) is None and store.run_path is not None:
-            self._out_ctx = store.get_local_output_dir()
-            self._out = self._out_ctx.__enter__()
-        return getattr(self, "_out", None)
+        if self._out is None and store.run_path is not None:
+            ctx = store.get_local_output_dir()
+            self._out = ctx.__enter__()
+            atexit.register(ctx.__exit__, None, None, None)
+        return self._out
 
     def _sync_outputs(self) -> None:
-        out = getattr(self, "_out", None)
-        if out is not None and self.rank == 0:
-            self.spec.remote_store.sync(out)
+        if self._out is not None and self.rank == 0:
+            self.spec.remote_store.sync(self._out)
 
     # ------------------------------------------------------------------ the fit thread
 
