@@ -3,7 +3,11 @@
 # a JRE for Spark, the C++ toolchain), a virtualenv in .venv, the Python
 # dependencies with torch pinned to its CPU build (constraints.txt), and the
 # native extension (an editable install: scikit-build-core runs CMake).
-# Safe to run again: it installs only what is missing and rebuilds incrementally.
+# Safe to run again: it installs only what is missing and rebuilds incrementally. When
+# nothing it installs from has changed since its last success (this script, pyproject.toml,
+# setup.cfg, constraints.txt, every file under native/: a hash kept in .venv) and the
+# installed package still imports, it checks that and stops within seconds.
+# SETUP_FORCE=1 runs every step anyway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +27,29 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+STAMP=.venv/.spark_dl_setup_stamp
+inputs_hash() {
+  { sha256sum scripts/setup.sh pyproject.toml setup.cfg constraints.txt
+    find native -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+  } 2>/dev/null | sha256sum | cut -d' ' -f1
+}
+# The installed package must be this checkout's (editable), with its extension and the
+# main dependencies present (find_spec: without importing torch).
+installed_ok() {
+  .venv/bin/python - "$PWD" <<'PY' >/dev/null 2>&1
+import importlib.util, os, sys
+import spark_dl, spark_dl._core
+assert os.path.realpath(spark_dl.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep)
+assert all(importlib.util.find_spec(m) for m in ("torch", "numpy", "pyspark", "pyarrow"))
+PY
+}
+if [ "${SETUP_FORCE:-0}" != 1 ] && [ -x .venv/bin/python ] && [ -f "$STAMP" ] \
+   && [ "$(cat "$STAMP")" = "$(inputs_hash)" ] && installed_ok; then
+  echo "setup: nothing changed since the last setup (delete $STAMP or set SETUP_FORCE=1 to redo it)"
+  exit 0
+fi
+rm -f "$STAMP"
+
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PYTHON" -m venv .venv
@@ -34,3 +61,4 @@ echo "setup: installing Python dependencies (torch pinned by constraints.txt)"
 echo "setup: building spark_dl (native core) in editable mode"
 .venv/bin/python -m pip install -q -c constraints.txt -e ".[torch,spark,test,mpi,keras,lightning]"
 .venv/bin/python -c "import spark_dl._core as c; print('setup: spark_dl core built:', c.build_info())"
+inputs_hash > "$STAMP"

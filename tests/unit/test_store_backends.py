@@ -286,3 +286,52 @@ def test_empty_prefix_and_bad_filesystem():
         Store.create("")
     with pytest.raises(TypeError, match="filesystem"):
         FilesystemStore("s3://b/x", filesystem=object())
+
+
+# ----------------------------------------------------------------------------- cleanup
+
+
+def _fake_dataset(store, idx, created, rows_bytes):
+    """A prepared dataset's layout: data files, then its metadata (the commit mark)."""
+    import json
+
+    store.write(store.get_train_data_path(idx) + "/part-00000.parquet", b"t" * rows_bytes)
+    store.write(store.get_val_data_path(idx) + "/part-00000.parquet", b"v" * 10)
+    store.write_text(store.get_data_metadata_path(idx),
+                     json.dumps({"dataset_idx": idx, "created": created}))
+    return store.dataset_size(idx)
+
+
+def test_cleanup_keeps_the_newest_datasets_and_reports_sizes(store):
+    assert store.cleanup(keep_last=1).removed == []  # nothing prepared yet
+    sizes = {idx: _fake_dataset(store, idx, created, n)
+             for idx, created, n in [("aaa", 100.0, 1000), ("bbb", 300.0, 2000),
+                                     ("ccc", 200.0, 3000), ("ddd", 50.0, 4000)]}
+    assert sizes["bbb"] > 2000  # data, validation data and metadata
+    store.write(store.get_checkpoint_path("run1"), b"ckpt")
+    assert [i for i, _ in store.prepared_datasets()] == ["bbb", "ccc", "aaa", "ddd"]
+
+    dry = store.cleanup(keep_last=2, dry_run=True)
+    assert dry.removed == [("aaa", sizes["aaa"]), ("ddd", sizes["ddd"])]
+    assert store.exists(store.get_train_data_path("aaa"))  # a dry run deletes nothing
+    assert str(dry).startswith("would remove 2 prepared dataset(s)")
+
+    report = store.cleanup(keep_last=1, keep=["ddd"])
+    assert report.kept == [("bbb", sizes["bbb"]), ("ddd", sizes["ddd"])]
+    assert [i for i, _ in report.removed] == ["ccc", "aaa"]
+    assert report.freed_bytes == sizes["ccc"] + sizes["aaa"]
+    assert "removed 2 prepared dataset(s)" in str(report) and "bbb (" in str(report)
+    for idx in ("ccc", "aaa"):
+        assert not store.exists(store.get_data_metadata_path(idx))
+        assert not store.exists(store.get_train_data_path(idx))
+        assert not store.exists(store.get_val_data_path(idx))
+    assert [i for i, _ in store.prepared_datasets()] == ["bbb", "ddd"]
+    assert store.read(store.get_checkpoint_path("run1")) == b"ckpt"  # runs untouched
+    assert [i for i, _ in store.cleanup(keep_last=0).removed] == ["bbb", "ddd"]
+    assert store.prepared_datasets() == []
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_cleanup_refuses_a_bad_keep_last(tmp_path, bad):
+    with pytest.raises(ValueError, match="keep_last must be an int >= 0"):
+        Store.create(str(tmp_path)).cleanup(keep_last=bad)
