@@ -108,7 +108,8 @@ def _build(package: str) -> type:
             compression: gradient compression, e.g. ``spark_dl.torch.Compression.fp16``.
             backward_passes_per_step: backward passes accumulated before gradients are
                 averaged; default: the Trainer's ``accumulate_grad_batches`` (which it must
-                equal when given).
+                equal when given, unless the module optimizes manually and accumulates
+                itself).
             op: ``spark_dl.torch.Average`` (default) or ``Sum`` of the gradients.
             gradient_predivide_factor, groups, sparse_as_dense: as in
                 :func:`spark_dl.torch.DistributedOptimizer`.
@@ -211,9 +212,13 @@ def _build(package: str) -> type:
                 return
             passes = trainer.accumulate_grad_batches
             if self._passes is not None and self._passes != passes:
-                raise ValueError(f"SparkDLStrategy(backward_passes_per_step={self._passes}) "
-                                 f"differs from Trainer(accumulate_grad_batches={passes}): "
-                                 "set one of them (they mean the same)")
+                if module.automatic_optimization:
+                    raise ValueError(
+                        f"SparkDLStrategy(backward_passes_per_step={self._passes}) differs "
+                        f"from Trainer(accumulate_grad_batches={passes}): set one of them "
+                        "(they mean the same)")
+                # Manual optimization accumulates in the user's code: the strategy's value.
+                passes = self._passes
             wrapped = {}
             for opt in self.optimizers:
                 sdl.broadcast_optimizer_state(opt, root_rank=0)

@@ -237,3 +237,42 @@ def fit_sync_batchnorm():
     bn = module.net[1]
     return {"type": type(bn).__module__, "running_var": bn.running_var.clone(),
             "weights": [p.detach().clone() for p in module.parameters()]}
+
+
+def fit_manual_accumulate():
+    """Manual optimization accumulating 2 batches per step in the module's own code, with
+    SparkDLStrategy(backward_passes_per_step=2); same reference as fit_accumulate."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import spark_dl.torch as sdl
+    from spark_dl.lightning import SparkDLStrategy
+
+    sdl.init()
+
+    class Manual(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.net = _net()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            opt = self.optimizers()
+            self.manual_backward(F.mse_loss(self.net(x), y) / 2)
+            if batch_idx % 2 == 1:
+                opt.step()
+                opt.zero_grad()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=LR)
+
+    (x, y), _ = _data()
+    trainer = pl.Trainer(strategy=SparkDLStrategy(backward_passes_per_step=2),
+                         accelerator="cpu", max_epochs=EPOCHS, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False)
+    module = Manual()
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=False))
+    return {"weights": [p.detach().clone() for p in module.net.parameters()],
+            "ref_weights": [p.detach().clone() for p in _reference(2).parameters()]}

@@ -74,3 +74,9 @@ def test_sync_batchnorm():
     # Statistics over both ranks' (differently scaled) batches: the same on both ranks.
     assert torch.allclose(r0["running_var"], r1["running_var"])
     assert _close(r0["weights"], r1["weights"], tol=1e-6)
+
+
+def test_manual_optimization_with_accumulation():
+    r0, r1 = _launch("fit_manual_accumulate")
+    assert _close(r0["weights"], r0["ref_weights"]), (r0["weights"], r0["ref_weights"])
+    assert _close(r0["weights"], r1["weights"], tol=0.0)
