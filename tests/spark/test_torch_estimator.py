@@ -197,9 +197,17 @@ def test_estimator_persistence_round_trip(fitted, tmp_path):
 
 
 def test_resume_with_same_run_id_continues_after_last_epoch(spark, store, df):
-    est = estimator(store, run_id="resume", epochs=2, validation=None, verbose=0)
+    # Metrics named by a dict (a lambda would otherwise be '<lambda>').
+    est = estimator(store, run_id="resume", epochs=2, validation=None, verbose=0,
+                    metrics={"abs_err": lambda o, l: (o - l).abs().mean(), "mae": mae})
     first = est.fit(df)
     assert first.getHistory()["epoch"] == [1, 2]
+    assert {"abs_err", "mae"} <= set(first.getHistory())
+    assert not any("lambda" in k for k in first.getHistory())
+    # The checkpoint counts epochs as the history does.
+    ckpt = torch.load(io.BytesIO(store.read(store.get_checkpoint_path("resume"))),
+                      weights_only=True)
+    assert ckpt["epoch"] == 2 and ckpt["format"] == 2
     out = io.StringIO()
     from contextlib import redirect_stdout
     with redirect_stdout(out):
@@ -451,6 +459,52 @@ def test_bad_param_values_fail_in_constructor(kwargs, error, match):
         TorchEstimator(**kwargs)
 
 
+def test_metric_names_from_pairs_and_dicts_and_clashes_refused():
+    from spark_dl.spark.torch import util
+
+    def rmse(o, l):
+        return ((o - l) ** 2).mean().sqrt()
+
+    est = TorchEstimator(metrics={"abs_err": lambda o, l: (o - l).abs().mean()})
+    assert [n for n, _ in est.getMetrics()] == ["abs_err"]  # a dict is kept as pairs
+    assert util.metric_names(est.getMetrics(), ["y"]) == ["abs_err"]
+    pairs = [("abs_err", lambda o, l: (o - l).abs().mean()), rmse]
+    assert util.metric_names(pairs, ["y"]) == ["abs_err", "rmse"]
+    assert util.metric_names(pairs, ["a", "b"]) == ["a_abs_err", "b_abs_err", "a_rmse",
+                                                    "b_rmse"]
+    assert util.metric_names(("r", rmse), ["y"]) == ["r"]  # one pair
+    out, lab = torch.tensor([[1.0], [3.0]]), torch.tensor([[0.0], [0.0]])
+    assert util.metric_values(pairs, [out], [lab]) == [2.0, pytest.approx(5 ** 0.5)]
+    with pytest.raises(ValueError, match=r"two metrics are named '<lambda>' \(every lambda"):
+        TorchEstimator(metrics=[lambda o, l: o, lambda o, l: l])
+    with pytest.raises(ValueError, match="two metrics are named 'rmse'"):
+        TorchEstimator(metrics=[rmse, ("rmse", mae)])
+    with pytest.raises(ValueError, match="'loss' is the name of the training loss"):
+        TorchEstimator(metrics={"loss": mae})
+    with pytest.raises(TypeError, match="neither a callable nor a .name, fn. pair"):
+        TorchEstimator(metrics=[rmse, "mae"])
+
+
+def test_old_checkpoints_counted_from_zero_still_resume():
+    """Format 1 wrote the epoch counted from 0; it reads as the history's count."""
+    import types
+
+    from spark_dl.spark.torch.adapter import TorchWorker
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    buf = io.BytesIO()
+    torch.save({"format": 1, "epoch": 1, "model": model.state_dict(),
+                "optimizer": opt.state_dict(), "history": {"epoch": [1, 2]}}, buf)
+    worker = types.SimpleNamespace(model=mlp(), optimizer=opt, lr_factor=1.0)
+    epoch, history = TorchWorker.load_checkpoint(worker, buf.getvalue())
+    assert epoch == 2 and history == {"epoch": [1, 2]}
+    buf = io.BytesIO()
+    torch.save({"format": 9, "epoch": 1}, buf)
+    with pytest.raises(ValueError, match="format 9; this spark_dl reads formats 1 to 2"):
+        TorchWorker.load_checkpoint(worker, buf.getvalue())
+
+
 def test_positional_arguments_are_refused():
     with pytest.raises(TypeError, match="forces keyword arguments"):
         TorchEstimator(2)
@@ -497,8 +551,11 @@ def _other_optimizer():
     ({"input_shapes": [[4]]}, ValueError, r"first dimension of an input shape is the batch"),
     ({"model": torch.nn.Linear(3, 1)}, ValueError,
      r"(?s)the model cannot be applied to the training data.*\(2, 4\) float32"),
+    # Three outputs for a scalar label under MSE: shapes per row and the likely fix.
     ({"model": torch.nn.Linear(4, 3), "loss": F.mse_loss}, ValueError,
-     r"(?s)the loss cannot be computed.*outputs: \[\(2, 3\) float32\]"),
+     r"(?s)label column 'y': the model's output is \(3,\) float32 per row, the label is a "
+     r"scalar float64 per row\. .*nn\.Linear\(\.\.\., 1\).*class scores.*cross_entropy"
+     r"\) with an integer class-index label"),
     ({"label_cols": ["y", "y2"], "loss": F.mse_loss}, ValueError,
      "the model returned 1 output.s. but there are 2 label column"),
     ({"model": Unpicklable()}, TypeError, "model cannot be sent to the workers"),
@@ -520,6 +577,19 @@ def test_bad_input_fails_before_workers_start(bad_df, store, kwargs, error, matc
         est.setModel(model)
     with pytest.raises(error, match=match):
         est.fit(bad_df)
+
+
+@pytest.mark.parametrize("batch_size", [32, 1])  # 1: the dry run's one row broadcasts
+def test_output_label_mismatch_is_named_per_row_without_torch_warning(bad_df, store, batch_size):
+    import warnings
+
+    est = estimator(store, model=torch.nn.Linear(4, 3), batch_size=batch_size)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match=r"output is \(3,\) float32 per row") as info:
+            est.fit(bad_df)
+    assert "(2, 3)" not in str(info.value) and "(1, 3)" not in str(info.value)
+    assert not [w for w in caught if "target size" in str(w.message)]
 
 
 def test_mismatched_transform_input_is_explained(fitted, spark):

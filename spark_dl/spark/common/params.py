@@ -28,6 +28,8 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Tuple
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
+from spark_dl.spark.common.metrics import is_metric_pair, metric_pairs
+
 __all__ = ["ParamSpec", "define_params", "set_param_defaults", "check_param_names", "TableParams",
            "params_signature", "params_doc", "accessor_stem", "ESTIMATOR_PARAMS",
            "MODEL_PARAMS", "SCALE_LEARNING_RATE", "PREDICTION_KINDS"]
@@ -203,6 +205,22 @@ def _callables(name: str, allow_single: bool = True):
     return _typed(convert, "Union[Callable, List[Callable], None]")
 
 
+def _metrics(value):
+    """The ``metrics`` param: checked by :func:`metric_pairs`; a dict or a lone pair is
+    kept as a list of ``(name, fn)`` pairs, a tuple as a list, anything else as given."""
+    if value is None:
+        return None
+    metric_pairs(value)
+    if isinstance(value, dict):
+        return list(value.items())
+    if is_metric_pair(value):
+        return [tuple(value)]
+    return list(value) if isinstance(value, tuple) else value
+
+
+_metrics.annotation = "Union[Callable, List[Any], Dict[str, Callable], None]"
+
+
 def _callable(name: str):
     def convert(value):
         if value is not None and not callable(value):
@@ -269,7 +287,9 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
     ParamSpec("loss_weights", "weight of each label column's loss in the total", None,
               _floats("loss_weights")),
     ParamSpec("metrics", "metric functions(output, label) averaged over rows and workers "
-              "each epoch", None, _callables("metrics"), pickled=True),
+              "each epoch: a callable, a list, (name, fn) pairs or a dict name -> fn "
+              "(names show in the history as name and val_name)", None, _metrics,
+              pickled=True),
     ParamSpec("feature_cols", "feature column names, one model input each", None,
               _columns("feature_cols")),
     ParamSpec("label_cols", "label column names, one model output each", None,

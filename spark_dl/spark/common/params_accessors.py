@@ -62,14 +62,16 @@ class EstimatorParamsAccessors:
         """Sets ``loss_weights``: weight of each label column's loss in the total. Returns self."""
         return self._set(loss_weights=value)
 
-    def getMetrics(self) -> Union[Callable, List[Callable], None]:
+    def getMetrics(self) -> Union[Callable, List[Any], Dict[str, Callable], None]:
         """Gets ``metrics``: metric functions(output, label) averaged over rows and workers each
-        epoch."""
+        epoch: a callable, a list, (name, fn) pairs or a dict name -> fn (names show in the history
+        as name and val_name)."""
         return self.getOrDefault('metrics')
 
-    def setMetrics(self: _P, value: Union[Callable, List[Callable], None]) -> _P:
+    def setMetrics(self: _P, value: Union[Callable, List[Any], Dict[str, Callable], None]) -> _P:
         """Sets ``metrics``: metric functions(output, label) averaged over rows and workers each
-        epoch. Returns self."""
+        epoch: a callable, a list, (name, fn) pairs or a dict name -> fn (names show in the history
+        as name and val_name). Returns self."""
         return self._set(metrics=value)
 
     def getFeatureCols(self) -> Optional[List[str]]:

@@ -8,6 +8,7 @@ workers' :class:`~spark_dl.spark.torch.adapter.TorchWorker` receives, and the
 :class:`~spark_dl.spark.torch.model.TorchModel` built from rank 0's result.
 """
 
+import warnings
 from typing import List
 
 import torch
@@ -15,6 +16,7 @@ from pyspark import keyword_only
 
 from spark_dl.spark.common.dataset import Dataset
 from spark_dl.spark.common.estimator import EstimatorBase
+from spark_dl.spark.common.metrics import metric_pairs
 from spark_dl.spark.common.params import (ESTIMATOR_PARAMS, define_params, params_doc,
                                           params_signature)
 from spark_dl.spark.torch import util
@@ -163,23 +165,37 @@ class TorchEstimator(TorchEstimatorParamsAccessors, EstimatorBase):
         outputs, matched = util.match_outputs(outputs, label_values,
                                               reshape_labels=label_shapes is None)
         loss_fn = util.make_loss_fn(self._losses(), self.getLossWeights(), len(labels))
-        try:
-            loss = loss_fn(outputs, matched, weights)
-        except Exception as e:
+        # torch warns (then fails, or broadcasts) when a loss such as MSE gets a target
+        # shaped unlike its input: that becomes the error below, with shapes per row.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                loss = loss_fn(outputs, matched, weights)
+                failure = None
+            except Exception as e:
+                loss, failure = None, e
+        mismatch = util.loss_mismatch(outputs, label_values, labels)
+        broadcast = any("target size" in str(w.message) for w in caught)
+        if mismatch and (failure is not None or broadcast):
+            raise ValueError(f"the loss cannot pair the model's outputs with the labels: "
+                             f"{mismatch}") from None
+        for w in caught:  # anything else the loss warned about, as it would have
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if failure is not None:
             raise ValueError(
-                f"the loss cannot be computed: {type(e).__name__}: {e}\n"
-                f"  outputs: {util.describe(outputs)}; labels from {labels}: "
-                f"{util.describe(label_values)} -> {util.describe(matched)}\n"
-                "Make the model return one output per label column shaped like the label, "
-                "or set label_shapes.") from e
+                f"the loss cannot be computed: {type(failure).__name__}: {failure}\n"
+                f"  outputs per row: {', '.join(util.per_row(o) for o in outputs)}; labels "
+                f"per row from {labels}: {', '.join(util.per_row(t) for t in label_values)}"
+                f"\nMake the model return one output per label column shaped like the "
+                f"label, or set label_shapes.") from failure
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             raise ValueError(f"the loss must return one number (a tensor with one element), "
                              f"got {util.describe(loss)}")
-        for metric in self.getMetrics() or []:
+        for name, metric in metric_pairs(self.getMetrics()):
             try:
-                util.metric_values([metric], outputs, matched)
+                util.metric_values([(name, metric)], outputs, matched)
             except Exception as e:
-                raise ValueError(f"metric {getattr(metric, '__name__', metric)!r} failed on "
+                raise ValueError(f"metric {name!r} failed on "
                                  f"outputs {util.describe(outputs)} and labels "
                                  f"{util.describe(matched)}: {type(e).__name__}: {e}") from e
 

@@ -22,8 +22,10 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
+from spark_dl.spark.common.metrics import metric_pairs
+
 __all__ = ["model_dtype", "default_input_shapes", "torch_batch", "feature_tensors", "label_tensors",
-           "match_outputs", "make_loss_fn", "metric_names", "describe", "predict"]
+           "match_outputs", "loss_mismatch", "per_row", "make_loss_fn", "metric_names", "describe", "predict"]
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -62,6 +64,35 @@ def describe(tensors) -> str:
     if isinstance(tensors, (list, tuple)):
         return "[" + ", ".join(describe(t) for t in tensors) + "]"
     return type(tensors).__name__
+
+
+def per_row(t: torch.Tensor) -> str:
+    """A batch tensor's shape per row and dtype, ``(3,) float32``, or ``a scalar int64`` (for
+    error messages: the size of the batch they were found on is an implementation detail)."""
+    shape = tuple(t.shape[1:]) if t.dim() else ()
+    return f"{shape if shape else 'a scalar'} {numpy_dtype_name(t.dtype)}"
+
+
+def loss_mismatch(outputs: Sequence[torch.Tensor], labels: Sequence[torch.Tensor],
+                  label_cols: Sequence[str]) -> Optional[str]:
+    """Why a loss cannot pair outputs with labels, when the shapes per row say so: names the
+    output's and the label's shape per row and the likely fix; None when they agree."""
+    for out, lab, col in zip(outputs, labels, label_cols):
+        if not out.dim() or not lab.dim():
+            continue
+        out_n, lab_n = out[0].numel() if len(out) else 0, lab[0].numel() if len(lab) else 0
+        if out_n == lab_n:
+            continue
+        head = (f"label column {col!r}: the model's output is {per_row(out)} per row, the "
+                f"label is {per_row(lab)} per row.")
+        if lab_n == 1:
+            return (f"{head} Either make the model return one value per label (e.g. end it "
+                    f"with nn.Linear(..., 1)) for regression, or, if the {out_n} outputs are "
+                    f"class scores, use a classification loss (e.g. "
+                    f"torch.nn.functional.cross_entropy) with an integer class-index label.")
+        return (f"{head} Make the model return {lab_n} value(s) per row for this label, or "
+                f"set label_shapes (and a loss) that pair them.")
+    return None
 
 
 def feature_tensors(batch: Mapping[str, object], feature_cols: Sequence[str],
@@ -178,11 +209,13 @@ def make_loss_fn(losses: Sequence, weights: Optional[Sequence[float]], num_label
     return loss_fn
 
 
-def metric_names(metrics: Sequence, label_cols: Sequence[str]) -> List[str]:
-    """Names of the (metric, output) pairs: ``mae`` with one label, ``y1_mae`` with more."""
+def metric_names(metrics, label_cols: Sequence[str]) -> List[str]:
+    """Names of the (metric, output) pairs: ``mae`` with one label, ``y1_mae`` with more.
+    ``metrics`` is what the ``metrics`` param takes (see
+    :func:`~spark_dl.spark.common.params.metric_pairs`: a pair or dict key names a metric,
+    else its ``__name__``)."""
     names = []
-    for m in metrics:
-        base = getattr(m, "__name__", None) or type(m).__name__
+    for base, _ in metric_pairs(metrics):
         if len(label_cols) == 1:
             names.append(base)
         else:
@@ -190,10 +223,10 @@ def metric_names(metrics: Sequence, label_cols: Sequence[str]) -> List[str]:
     return names
 
 
-def metric_values(metrics: Sequence, outputs, labels) -> List[float]:
+def metric_values(metrics, outputs, labels) -> List[float]:
     """The metric values of a batch, in :func:`metric_names` order (as floats)."""
     values = []
-    for m in metrics:
+    for _, m in metric_pairs(metrics):
         for out, lab in zip(outputs, labels):
             v = m(out, lab)
             values.append(float(v.detach().float().mean()) if isinstance(v, torch.Tensor)
