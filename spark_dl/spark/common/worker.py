@@ -197,12 +197,13 @@ class _Worker:
         except (RuntimeError, ValueError, KeyError) as e:
             raise ValueError(f"the checkpoint of run {spec.run_id!r} ({path}) cannot be "
                              f"resumed: {e}; use a new run_id to start afresh") from None
-        done = int(epoch) + 1
+        done = int(epoch)  # epochs completed: the history's number of the last one
         self.reporter.note(f"resuming run {spec.run_id} after epoch {done} (checkpoint "
                            f"{path})")
         return done, dict(history or {})
 
     def _save_checkpoint(self, epoch: int) -> None:
+        """Writes the checkpoint after ``epoch`` (counted from 1, as the history counts)."""
         path = self.spec.remote_store.checkpoint_path
         if path:
             # The store writes to a temporary name and renames: a kill mid-write leaves the
@@ -322,7 +323,7 @@ class _Worker:
             history.setdefault(key, []).append(value)
         history.setdefault("rows_per_s", []).append(rows / max(train_s, 1e-9))
         if self.rank == 0:
-            self._save_checkpoint(epoch)
+            self._save_checkpoint(epoch + 1)  # counted as in the history, from 1
         self.reporter.event("epoch", epoch=epoch + 1, logs=logs, rows=rows,
                             rows_per_s=rows / max(train_s, 1e-9), seconds=epoch_s)
 

@@ -27,7 +27,9 @@ from spark_dl.spark.keras import util
 
 __all__ = ["KerasSpec", "KerasWorker", "KerasPredictor", "compile_kwargs"]
 
-CHECKPOINT_FORMAT = 1
+# 2: "epoch" counts from 1, as the history does (the number of epochs done); 1 (still read):
+# counted from 0.
+CHECKPOINT_FORMAT = 2
 
 
 @dataclasses.dataclass
@@ -215,8 +217,9 @@ class KerasWorker(WorkerAdapter):
             meta, groups = _load_arrays(payload)
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"it is not a Keras estimator checkpoint ({e})") from None
-        if meta.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"it has format {meta.get('format')!r}; this spark_dl reads "
+        fmt = meta.get("format")
+        if fmt not in (1, CHECKPOINT_FORMAT):
+            raise ValueError(f"it has format {fmt!r}; this spark_dl reads formats 1 to "
                              f"{CHECKPOINT_FORMAT}")
         assign_variables(self.model.weights, groups.get("model", []), "model weights")
         assign_variables(self._optimizer_variables(), groups.get("optimizer", []),
@@ -224,7 +227,7 @@ class KerasWorker(WorkerAdapter):
         lr = getattr(self.opt, "_learning_rate", None)
         if self.lr_factor != 1 and any(v is lr for v in self._optimizer_variables()):
             lr.assign(np.array(lr) * self.lr_factor)
-        return int(meta["epoch"]), meta.get("history")
+        return int(meta["epoch"]) + (1 if fmt == 1 else 0), meta.get("history")
 
     def save_checkpoint(self, epoch: int, history: dict) -> bytes:
         meta = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "run_id": self.spec.run_id,

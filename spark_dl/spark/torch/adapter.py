@@ -25,7 +25,9 @@ from spark_dl.spark.torch import util
 
 __all__ = ["TorchSpec", "TorchWorker", "TorchPredictor", "preload_torch_dynamo"]
 
-CHECKPOINT_FORMAT = 1
+# 2: "epoch" counts from 1, as the history does (the number of epochs done); 1 (still read):
+# counted from 0.
+CHECKPOINT_FORMAT = 2
 
 
 @dataclasses.dataclass
@@ -137,8 +139,9 @@ class TorchWorker(WorkerAdapter):
 
     def load_checkpoint(self, payload: bytes):
         ckpt = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-        if ckpt.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"it has format {ckpt.get('format')!r}; this spark_dl reads "
+        fmt = ckpt.get("format")
+        if fmt not in (1, CHECKPOINT_FORMAT):
+            raise ValueError(f"it has format {fmt!r}; this spark_dl reads formats 1 to "
                              f"{CHECKPOINT_FORMAT}")
         try:
             self.model.load_state_dict(ckpt["model"])
@@ -146,7 +149,7 @@ class TorchWorker(WorkerAdapter):
             _scale_lr(self.optimizer.param_groups, self.lr_factor)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ValueError(f"it does not fit this model/optimizer ({e})") from None
-        return int(ckpt["epoch"]), ckpt.get("history")
+        return int(ckpt["epoch"]) + (1 if fmt == 1 else 0), ckpt.get("history")
 
     def save_checkpoint(self, epoch: int, history: dict) -> bytes:
         buf = io.BytesIO()
