@@ -133,7 +133,7 @@ def test_fit_learns_with_own_optimizer_and_scheduler(fitted, store):
     assert set(history) >= {"loss", "val_loss", "mae", "val_mae", "rows_per_s"}
     # The run's checkpoint is Lightning's format: weights, optimizer, scheduler, loops.
     ckpt = torch.load(store.get_checkpoint_path("shared"), weights_only=False)
-    assert ckpt["spark_dl"]["epoch"] == 2 and ckpt["epoch"] == 3
+    assert ckpt["spark_dl"]["epoch"] == 3 and ckpt["epoch"] == 3  # both count from 1
     assert ckpt["lr_schedulers"][0]["_last_lr"] == [pytest.approx(LR * 0.5 ** 3)]
     assert "optimizer_states" in ckpt and "state_dict" in ckpt
     # The user's module is untouched; the returned one is trained.
@@ -185,7 +185,7 @@ def test_resume_continues_lightning_state(fitted, store, df):
     model = estimator(store, run_id="shared", epochs=4).fit(df)
     assert model.getHistory()["epoch"] == [1, 2, 3, 4]
     ckpt = torch.load(store.get_checkpoint_path("shared"), weights_only=False)
-    assert ckpt["spark_dl"]["epoch"] == 3
+    assert ckpt["spark_dl"]["epoch"] == 4
     assert ckpt["lr_schedulers"][0]["_last_lr"] == [pytest.approx(LR * 0.5 ** 4)]
     assert model.getHistory()["loss"][:3] == fitted[1].getHistory()["loss"]
 

@@ -46,7 +46,9 @@ from spark_dl.spark.lightning import util
 
 __all__ = ["LightningSpec", "LightningWorker", "LightningPredictor", "CHECKPOINT_FORMAT"]
 
-CHECKPOINT_FORMAT = 1
+# 2: "epoch" counts from 1, as the history (and Lightning's own "epoch") does; 1 (still
+# read): counted from 0.
+CHECKPOINT_FORMAT = 2
 
 
 @dataclasses.dataclass
@@ -236,15 +238,15 @@ class LightningWorker(WorkerAdapter):
     def load_checkpoint(self, payload: bytes):
         ckpt = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
         ours = ckpt.get("spark_dl") if isinstance(ckpt, dict) else None
-        if not ours or ours.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"it is not a spark_dl Lightning checkpoint of format "
+        if not ours or ours.get("format") not in (1, CHECKPOINT_FORMAT):
+            raise ValueError(f"it is not a spark_dl Lightning checkpoint of formats 1 to "
                              f"{CHECKPOINT_FORMAT}")
         try:
             self.module.load_state_dict(ckpt["state_dict"])
         except (RuntimeError, KeyError) as e:
             raise ValueError(f"it does not fit this module ({e})") from None
         self.resume_payload = payload
-        return int(ours["epoch"]), ours.get("history")
+        return int(ours["epoch"]) + (1 if ours["format"] == 1 else 0), ours.get("history")
 
     def take_checkpoint(self, trainer) -> None:
         """Lightning's checkpoint dict of the current state (rank 0; called in the fit
