@@ -672,3 +672,36 @@ def test_every_horovod_param_is_accepted_and_meaningless_ones_say_so(store, caps
     assert "reader_pool_type is ignored: the Arrow loader reads with threads" in printed
     assert "mp_start_method is ignored" in printed and "continuous_cols is ignored" in printed
     assert "shuffle" not in printed and est.getShuffle() is False
+
+
+_BAR_SCRIPT = """
+import sys, time
+from pyspark.sql import SparkSession
+from spark_dl.spark.common.progress import spark_console_progress_paused
+spark = (SparkSession.builder.master("local[2]")
+         .config("spark.ui.showConsoleProgress", "true").getOrCreate())
+def job(tag):
+    spark.sparkContext.parallelize(range(2), 2).map(lambda x: time.sleep(2)).collect()
+    print(tag, "done", flush=True)
+job("plain")
+with spark_console_progress_paused() as paused:
+    job(f"paused={paused}")
+spark.stop()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_spark_console_progress_bar_is_paused_while_a_fit_prints():
+    """The bar (on in Python-started sessions) draws for a 2 s job, and not inside
+    spark_console_progress_paused, which fits use around training."""
+    import subprocess
+
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    env.pop("SPARK_CONF_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", _BAR_SCRIPT], env=env, timeout=170,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:]
+    plain, paused = out.split("plain done", 1)
+    assert "[Stage 0:" in plain, out[-3000:]      # the control: Spark drew its bar
+    assert "paused=True done" in paused and "[Stage" not in paused, out[-3000:]

@@ -280,7 +280,8 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         """Runs training on the workers and returns the Model; ``ctx`` is the fit's context
         (see :meth:`_begin`; ``prepare_s`` is the time to prepared data)."""
         from spark_dl.spark.common.backend import run_on_backend
-        from spark_dl.spark.common.progress import ProgressDisplay
+        from spark_dl.spark.common.progress import (ProgressDisplay,
+                                                    spark_console_progress_paused)
         from spark_dl.spark.common.worker import TrainSpec, train
 
         run_id, board, verbose = ctx["run_id"], ctx["tensorboard"], self.getVerbose()
@@ -321,8 +322,11 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
             # Unbuffered: the workers' own prints reach the driver as they happen.
             env = dict(self.getBackendEnv() or {}, **self._worker_env(),
                        PYTHONUNBUFFERED="1")
-            results = run_on_backend(backend, train, (blob,), env,
-                                     display.stream("stdout"), display.stream("stderr"))
+            # Spark's console bar would draw over the epoch lines, and for the barrier
+            # stage it says nothing (every task runs until training ends).
+            with spark_console_progress_paused():
+                results = run_on_backend(backend, train, (blob,), env,
+                                         display.stream("stdout"), display.stream("stderr"))
             result = results[0]
             ctx["returned"] = time.time()
         finally:

@@ -11,16 +11,22 @@ stream, and the display turns marked lines into
 
 and passes every other line through unchanged. A custom backend that does not forward
 output simply shows nothing.
+
+While the workers train, :func:`spark_console_progress_paused` keeps Spark's own console
+progress bar (``[Stage 4:> (0 + 2) / 2]``, on by default in sessions started from Python)
+from drawing over these lines.
 """
 
+import contextlib
 import json
 import math
 import sys
 import threading
 import time
-from typing import Callable, Dict, Optional, Sequence, TextIO
+from typing import Callable, Dict, Iterator, Optional, Sequence, TextIO
 
-__all__ = ["MARK", "Reporter", "ProgressDisplay", "format_metrics"]
+__all__ = ["MARK", "Reporter", "ProgressDisplay", "format_metrics",
+           "spark_console_progress_paused"]
 
 #: Prefix of an event line on rank 0's stdout.
 MARK = "@@spark_dl.progress@@ "
@@ -238,3 +244,53 @@ class _Stream:
 
     def isatty(self) -> bool:
         return False
+
+
+#: How often :func:`spark_console_progress_paused` resets Spark's bar: under the 500 ms a
+#: stage must run before Spark draws it.
+_SPARK_BAR_RESET_S = 0.2
+
+
+@contextlib.contextmanager
+def spark_console_progress_paused() -> Iterator[bool]:
+    """Keeps the active SparkContext's console progress bar from drawing during the block.
+
+    ``spark.ui.showConsoleProgress`` is read once, when the SparkContext starts (pyspark
+    turns it on for sessions started from Python), and no runtime setting hides the bar.
+    What Spark does offer: the bar's ``finishAll()`` (called after every job) clears it
+    and suppresses it for the next 500 ms. A daemon thread calls it every 200 ms while the
+    block runs, so the bar neither draws nor glues itself to the lines printed meanwhile;
+    after the block the bar works as before. Yields whether there was a bar to pause (no
+    active context, Spark Connect or the bar turned off: nothing to do).
+    """
+    bar = None
+    try:
+        from pyspark import SparkContext
+
+        sc = SparkContext._active_spark_context
+        if sc is not None and getattr(sc, "_jsc", None) is not None:
+            option = sc._jsc.sc().progressBar()
+            bar = option.get() if option.isDefined() else None
+    except Exception:  # not a classic py4j session, or another Spark: leave it alone
+        bar = None
+    if bar is None:
+        yield False
+        return
+    stop = threading.Event()
+
+    def reset():
+        while True:
+            try:
+                bar.finishAll()
+            except Exception:  # the context stopped under us
+                return
+            if stop.wait(_SPARK_BAR_RESET_S):
+                return
+
+    thread = threading.Thread(target=reset, name="spark_dl-spark-bar", daemon=True)
+    thread.start()
+    try:
+        yield True
+    finally:
+        stop.set()
+        thread.join(timeout=5)
