@@ -2,30 +2,35 @@
 TensorFlow's own MultiWorkerMirroredStrategy, and the per-step overhead of spark_dl's
 allreduce op inside tf.function.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/keras.py                  # 3 rounds
+    PYTHONPATH=. .venv/bin/python benchmarks/keras.py                  # 3 jobs
     PYTHONPATH=. .venv/bin/python benchmarks/keras.py --quick
     PYTHONPATH=. .venv/bin/python benchmarks/keras.py --overhead-only
+    PYTHONPATH=. .venv/bin/python benchmarks/keras.py --separate-jobs --steps 80
 
-Throughput. Each round launches one 2-rank job per peer, in an order that rotates every
-round (a shared machine's noise then hits every peer alike):
+Throughput. One ``sdlrun -np 2`` job per round holds every peer: each rank initializes
+spark_dl, then (before any TensorFlow op, as the strategy requires) a
+``tf.distribute.MultiWorkerMirroredStrategy`` whose ``TF_CONFIG`` names both ranks on
+127.0.0.1, and builds one replica of examples/keras_synthetic_benchmark.py's small CNN
+(SGD with momentum, the same initial weights) per peer:
 
 ================  ======================================================================
-spark_dl          ``sdlrun -np 2``: a ``tf.function`` step with ``DistributedGradientTape``
-mwms              2 processes with ``TF_CONFIG`` on 127.0.0.1:
-                  ``tf.distribute.MultiWorkerMirroredStrategy`` (RING collectives, what
-                  spark-tensorflow-distributor uses), its ``strategy.run`` custom-loop
-                  recipe (Keras 3's ``model.fit`` does not run under this strategy:
-                  keras-team/keras issue 20585)
-spark_dl_fit      ``sdlrun -np 2``: the train function ``model.fit`` compiles, with
+spark_dl          a ``tf.function`` step with ``DistributedGradientTape``
+mwms              ``MultiWorkerMirroredStrategy`` with RING collectives (what
+                  spark-tensorflow-distributor uses): TensorFlow's ``strategy.run``
+                  custom-loop recipe, because Keras 3's ``model.fit`` does not run under
+                  this strategy (keras-team/keras issue 20585)
+spark_dl_fit      the train function ``model.fit`` compiles, with
                   ``DistributedOptimizer(SGD)``, called step by step
-local             2 processes training alone with the ``tf.function`` step, no
-                  communication (the ceiling under the same CPU contention)
+local             the ``tf.function`` step with no communication (the ceiling under the
+                  same CPU contention)
 ================  ======================================================================
 
-Every peer trains examples/keras_synthetic_benchmark.py's small CNN (SGD with momentum)
-on the same synthetic batch per rank, XLA off: ``--warmup`` steps untimed, then
-``--steps`` timed; rank 0 reports images/s per rank. The tables give the median over
-rounds, the spread (min-max) and spark_dl's ratio to each peer.
+Timed stretches of ``--steps`` steps alternate between the peers (``--iters`` per peer,
+the order rotating every stretch), so the noise of a shared machine hits every peer alike;
+whole jobs per peer (``--separate-jobs``) moved by a factor of 3 between rounds on a loaded
+2-core machine. XLA is off everywhere. The table gives images/s per rank (rank 0's clock):
+the median over all stretches of all jobs, the 10th-90th percentile, and spark_dl's ratio
+to each peer.
 
 Overhead (``--overhead-steps``): inside one ``sdlrun`` job of 1 and of 2 ranks, a
 ``tf.function`` step computing the gradients of a model with ``--tensors`` weight tensors
@@ -169,6 +174,84 @@ def worker_mwms(args):
     return json.loads(os.environ["TF_CONFIG"])["task"]["index"], {"img_per_s": rate}
 
 
+def worker_interleaved(args):
+    """Every peer in one job, timed in alternating stretches (``--steps`` steps each)."""
+    import spark_dl.keras as hvd
+    hvd.init()  # spark_dl's core runs no TensorFlow op: MultiWorkerMirroredStrategy,
+    rank, size = hvd.rank(), hvd.size()  # which must come before any, is still possible
+    ports = hvd.broadcast_object([H._free_port() for _ in range(size)] if rank == 0 else None, 0)
+    os.environ["TF_CONFIG"] = json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+        "task": {"type": "worker", "index": rank}})
+    tf = _quiet_tf(args.threads)
+    import keras
+
+    import spark_dl.tensorflow as hvd_tf
+    from keras_synthetic_benchmark import small_cnn
+    comm = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+    loss_fn = _loss_fn(keras)
+    x, y = (tf.constant(a) for a in _batch(args))
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = small_cnn()
+        opt = keras.optimizers.SGD(0.01, momentum=0.9)
+        opt.build(model.trainable_variables)
+        return model, opt
+
+    def tape_step(model, opt, distributed):
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            if distributed:
+                tape = hvd_tf.DistributedGradientTape(tape)
+            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        return step
+
+    steps = {}
+    with strategy.scope():
+        mw_model, mw_opt = build()
+
+    # Keras 3's model.fit does not run under MultiWorkerMirroredStrategy (keras-team/keras
+    # issue 20585): TensorFlow's custom-loop recipe, the optimizer summing the replicas'
+    # gradients (the loss is divided by the replica count: an average, as spark_dl's).
+    @tf.function
+    def mwms_step():
+        def replica_step():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, mw_model(x, training=True)) / strategy.num_replicas_in_sync
+            mw_opt.apply(tape.gradient(loss, mw_model.trainable_variables),
+                         mw_model.trainable_variables)
+        strategy.run(replica_step)
+    steps["mwms"] = mwms_step
+    steps["spark_dl"] = tape_step(*build(), distributed=True)
+    steps["local"] = tape_step(*build(), distributed=False)
+    fit_model, fit_opt = build()
+    fit_model.compile(optimizer=hvd.DistributedOptimizer(fit_opt), loss=loss_fn,
+                      jit_compile=False)
+    ds = tf.data.Dataset.from_tensors((x, y)).repeat()
+    fit_model.fit(ds, steps_per_epoch=1, epochs=1, verbose=0)
+    it = iter(ds)
+    train = fit_model.make_train_function()
+    steps["spark_dl_fit"] = lambda: train(it)
+
+    peers = [p for p in PEERS if p in args.peers.split(",")]
+    for p in peers:
+        for _ in range(args.warmup):
+            steps[p]()
+    rates = {p: [] for p in peers}
+    for i in range(args.iters):
+        for p in peers[i % len(peers):] + peers[:i % len(peers)]:
+            t0 = time.perf_counter()
+            for _ in range(args.steps):
+                steps[p]()
+            rates[p].append(args.batch_size * args.steps / (time.perf_counter() - t0))
+    return rank, {"rates": rates}
+
+
 def _overhead_model(keras, tensors):
     """A stack of Dense layers with ``tensors`` weight tensors (kernels and biases)."""
     layers = [keras.Input((64,))]
@@ -239,6 +322,8 @@ def worker_overhead(args):
 def worker_main(args):
     if args.worker == "overhead":
         rank, res = worker_overhead(args)
+    elif args.worker == "interleaved":
+        rank, res = worker_interleaved(args)
     elif args.worker == "mwms":
         rank, res = worker_mwms(args)
     else:
@@ -253,7 +338,8 @@ def _worker_args(args, peer):
     return [sys.executable, os.path.abspath(__file__), "--worker", peer,
             "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
             "--steps", str(args.steps), "--threads", str(args.threads),
-            "--tensors", str(args.tensors), "--overhead-steps", str(args.overhead_steps)]
+            "--tensors", str(args.tensors), "--overhead-steps", str(args.overhead_steps),
+            "--iters", str(args.iters), "--peers", args.peers]
 
 
 def _result(procs):
@@ -316,7 +402,28 @@ def driver(args):
     machine = H.describe_machine()
     print(f"# Keras on {args.np} ranks: {machine}; spark_dl {H.git_revision()}\n")
     peers = [p for p in args.peers.split(",") if p]
-    if not args.overhead_only:
+    if not args.overhead_only and not args.separate_jobs:
+        samples = {p: [] for p in peers}
+        for r in range(args.rounds):
+            t0 = time.perf_counter()
+            for p, v in _run_sdlrun(args, "interleaved", args.np)["rates"].items():
+                samples[p] += v
+            print(f"  job {r + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)
+        print(f"## Throughput: small CNN, batch {args.batch_size} per rank, one job per round "
+              f"with every peer, {args.iters} alternating stretches of {args.steps} steps per "
+              f"peer, {args.rounds} job(s)\n")
+        print("| peer | img/s per rank (median) | p10-p90 | spark_dl / peer |")
+        print("|---|---|---|---|")
+        ref = statistics.median(samples["spark_dl"]) if "spark_dl" in samples else None
+        for peer in peers:
+            v = sorted(samples[peer])
+            med = statistics.median(v)
+            lo, hi = v[int(0.1 * (len(v) - 1))], v[int(0.9 * (len(v) - 1))]
+            ratio = f"{ref / med:.2f}" if ref else "-"
+            print(f"| {LABELS[peer]} | {med:.1f} | {lo:.1f}-{hi:.1f} | {ratio} |")
+        print()
+    if not args.overhead_only and args.separate_jobs:
         results = {p: [] for p in peers}
         for r in range(args.rounds):
             for peer in peers[r % len(peers):] + peers[:r % len(peers)]:
@@ -354,13 +461,19 @@ def driver(args):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--worker", choices=PEERS + ("overhead",), help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=PEERS + ("overhead", "interleaved"),
+                   help=argparse.SUPPRESS)
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="images per rank per step")
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=10,
+                   help="steps per timed stretch (default 10)")
+    p.add_argument("--iters", type=int, default=30,
+                   help="timed stretches per peer in the interleaved job (default 30)")
+    p.add_argument("--separate-jobs", action="store_true",
+                   help="one job per peer and round instead of one interleaved job")
     p.add_argument("--threads", type=int, default=1,
                    help="TensorFlow intra/inter-op threads per process (default 1)")
     p.add_argument("--tensors", type=int, default=50, help="weight tensors (overhead model)")
@@ -371,7 +484,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="1 round, fewer steps")
     args = p.parse_args()
     if args.quick:
-        args.rounds, args.steps, args.overhead_steps = 1, 20, 60
+        args.rounds, args.iters, args.overhead_steps = 1, 8, 60
     if args.worker:
         worker_main(args)
     else:

@@ -14,7 +14,8 @@ __all__ = ["broadcast_variables", "broadcast_global_variables", "model_variables
 
 def _broadcast_numpy(variables, root_rank, name, process_set):
     """Eager, any backend: the values travel as NumPy arrays through the core."""
-    arrays = [np.ascontiguousarray(keras.ops.convert_to_numpy(v)) for v in variables]
+    # np.array, not np.ascontiguousarray: the latter turns 0-d values (a step counter) 1-d.
+    arrays = [np.array(keras.ops.convert_to_numpy(v), order="C", copy=True) for v in variables]
     handles = [_ops.submit("broadcast", f"{name}.{i}", a, a, finish=lambda o, i, a=a: a,
                            process_set=process_set, root=root_rank)
                for i, a in enumerate(arrays)]

@@ -165,7 +165,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
-                         process_set=global_process_set):
+                         process_set=global_process_set, scale_local_gradients=True):
     """Returns a copy of ``optimizer`` that averages gradients across ranks before applying.
 
     The result is still an instance of the optimizer's class (a ``keras.optimizers.Optimizer``),
@@ -185,8 +185,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         average_aggregated_gradients: with k > 1, apply the mean of the k local steps
             instead of their sum (Horovod's default is the sum).
         process_set: average over this process set only.
-        device_dense, device_sparse, num_groups, groups: accepted for Horovod
-            compatibility; all gradients travel as one group.
+        device_dense, device_sparse, num_groups, groups, scale_local_gradients: accepted
+            for Horovod compatibility; all gradients travel as one group, and Keras 3
+            models have no Horovod "local" (unreduced) variables to scale.
 
     Raises:
         InvalidArgumentError: not a Keras optimizer, a bad argument, or a jax backend.

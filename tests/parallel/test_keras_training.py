@@ -39,12 +39,13 @@ def test_torch_backend_training_matches_one_process(config):
     _check_training(per_rank, config)
 
 
-def _api(key):
-    return [r[key] for r in _launch("keras_api", "tensorflow")]
+def _api(key, backend="tensorflow"):
+    return [r[key] for r in _launch("keras_api", backend)]
 
 
-def test_broadcast_callback_and_save_load_round_trip():
-    a, b = _api("save_load")
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_broadcast_callback_and_save_load_round_trip(backend):
+    a, b = _api("save_load", backend)
     assert a["after_callback"] == b["after_callback"], "ranks differ after the broadcast"
     assert a["adam_slots"] == b["adam_slots"]
     # A plain Keras load sees the plain optimizer; spark_dl.keras.load_model re-wraps it.
@@ -55,15 +56,17 @@ def test_broadcast_callback_and_save_load_round_trip():
     assert a["global_root1"] == b["global_root1"]
 
 
-def test_metric_average_callback():
-    for r in _api("callbacks"):
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_metric_average_callback(backend):
+    for r in _api("callbacks", backend):
         assert r["marker"] == [1.5, 1.5, 1.5]  # ranks logged 1.0 and 2.0
-    a, b = _api("callbacks")
+    a, b = _api("callbacks", backend)
     assert a["loss"] == b["loss"]
 
 
-def test_learning_rate_warmup_values():
-    r = _api("callbacks")[0]
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_learning_rate_warmup_values(backend):
+    r = _api("callbacks", backend)[0]
     steps, size, lr0 = r["steps"], 2, 0.4
     want = []
     for epoch in range(2):
