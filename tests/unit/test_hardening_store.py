@@ -63,7 +63,7 @@ def test_killed_checkpoint_writes_are_cleaned_at_the_next_start(tmp_path):
     worker.reporter = types.SimpleNamespace(note=notes.append)
     worker.adapter = types.SimpleNamespace(load_checkpoint=lambda data: (3, {"loss": [data]}))
     start, history = worker._load_checkpoint()
-    assert (start, history) == (4, {"loss": [b"epoch 3"]})  # the checkpoint survived whole
+    assert (start, history) == (3, {"loss": [b"epoch 3"]})  # the checkpoint survived whole
     assert sorted(os.listdir(run_dir)) == [os.path.basename(remote.checkpoint_path),
                                            "other.txt"]
     assert sum("interrupted write" in n for n in notes) == 3
