@@ -335,3 +335,17 @@ def test_cleanup_keeps_the_newest_datasets_and_reports_sizes(store):
 def test_cleanup_refuses_a_bad_keep_last(tmp_path, bad):
     with pytest.raises(ValueError, match="keep_last must be an int >= 0"):
         Store.create(str(tmp_path)).cleanup(keep_last=bad)
+
+
+def test_prepare_data_mentions_cleanup_once_copies_pile_up(tmp_path, capsys):
+    from spark_dl.spark.common.util import OLD_DATASETS_NOTE, _note_old_datasets
+
+    store = Store.create(str(tmp_path / "store"))
+    for n in range(OLD_DATASETS_NOTE):
+        _fake_dataset(store, f"d{n}", float(n), 2 << 20)
+        _note_old_datasets(store, f"d{n}")
+        printed = capsys.readouterr().out
+        if n + 1 < OLD_DATASETS_NOTE:
+            assert printed == ""
+    assert f"the store holds {OLD_DATASETS_NOTE} prepared datasets" in printed
+    assert "training data: 2.0 MiB" in printed and "store.cleanup(keep_last=1)" in printed

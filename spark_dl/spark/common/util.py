@@ -225,7 +225,27 @@ def prepare_data(num_processes: int, store: Store, df,
     cache.put(key, store, idx)
     _log(verbose, f"prepared dataset {idx}: {splits['train']['rows']} train / "
                   f"{splits['val']['rows']} val rows in {time.time() - t0:.1f}s")
+    if verbose:
+        _note_old_datasets(store, idx)
     return DatasetIndex(idx, store)
+
+
+#: prepare_data mentions Store.cleanup once a store holds this many prepared datasets.
+OLD_DATASETS_NOTE = 3
+
+
+def _note_old_datasets(store: Store, idx: str) -> None:
+    """A hint when prepared copies pile up: nothing deletes old ones on its own."""
+    try:
+        count = len(store.prepared_datasets())
+        if count < OLD_DATASETS_NOTE:
+            return
+        size = store.disk_usage(store.get_train_data_path(idx))
+    except OSError:
+        return
+    _log(1, f"the store holds {count} prepared datasets (this one's training data: "
+            f"{size / 2 ** 20:.1f} MiB); store.cleanup(keep_last=1) deletes all but the "
+            f"newest (docs/data.md)")
 
 
 def _check_args(num_processes, store, labels, features, validation, sample_weight_col,
