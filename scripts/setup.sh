@@ -7,9 +7,12 @@
 # nothing it installs from has changed since its last success (this script, pyproject.toml,
 # setup.cfg, constraints.txt, every file under native/: a hash kept in .venv) and the
 # installed package still imports, it checks that and stops within seconds.
-# SETUP_FORCE=1 runs every step anyway.
+# SETUP_FORCE=1 runs every step anyway; `setup.sh --check` only says whether there is
+# anything to do (exit 0: nothing, 3: something), changing nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CHECK=0
+[ "${1:-}" = "--check" ] && CHECK=1
 
 APT_PACKAGES=(build-essential cmake pkg-config libgloo-dev libopenmpi-dev openmpi-bin
               openjdk-17-jre-headless procps)
@@ -19,6 +22,10 @@ missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
+if [ "${#missing[@]}" -gt 0 ] && [ "$CHECK" = 1 ]; then
+  echo "setup: would install ${missing[*]}"
+  exit 3
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -47,6 +54,10 @@ if [ "${SETUP_FORCE:-0}" != 1 ] && [ -x .venv/bin/python ] && [ -f "$STAMP" ] \
    && [ "$(cat "$STAMP")" = "$(inputs_hash)" ] && installed_ok; then
   echo "setup: nothing changed since the last setup (delete $STAMP or set SETUP_FORCE=1 to redo it)"
   exit 0
+fi
+if [ "$CHECK" = 1 ]; then
+  echo "setup: would install and build (.venv missing, inputs changed since the last setup, or the package does not import)"
+  exit 3
 fi
 rm -f "$STAMP"
 
