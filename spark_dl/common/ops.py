@@ -153,6 +153,12 @@ class DLPackTensor:
         return (1, 0)  # kDLCPU, device 0
 
 
+def numpy_output(capsule):
+    """A writable NumPy array over a core output capsule, without a copy (``numpy.from_dlpack``
+    would mark it read-only)."""
+    return _core.to_numpy(capsule)
+
+
 def _ps_id(process_set):
     if process_set is None or process_set is global_process_set:
         return 0
@@ -167,7 +173,7 @@ def group_name(kind, name, process_set):
 
 def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set=None,
            op=Sum, prescale_factor=1.0, postscale_factor=1.0, root=0, splits=(),
-           group="", group_size=0):
+           group="", group_size=0, core_output=False):
     """Enqueues one operation and returns its :class:`Handle`.
 
     Args:
@@ -179,6 +185,10 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
         keep: more objects to keep alive until the handle completes.
         finish: ``finish(outputs, ints)`` builds the result from the core's
             DLPack outputs and integer results.
+        core_output: allreduce without ``output``: the core allocates the result
+            (from its pool of pre-faulted buffers, reused once the caller drops
+            them) and hands it back as ``outputs[0]``; its transport reads
+            ``tensor`` directly, without copying it first.
     """
     ps_id = _ps_id(process_set)
     if kind == "broadcast":
@@ -187,7 +197,8 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
     try:
         hid = _core.enqueue(OP[kind], name, tensor, output, ps_id, int(op),
                             float(prescale_factor), float(postscale_factor), int(root),
-                            [int(s) for s in splits], group, int(group_size))
+                            [int(s) for s in splits], group, int(group_size),
+                            bool(core_output))
     except _core.CoreError as e:
         raise_from_core(e)
     return Handle(hid, (tensor, output, keep), finish or (lambda outputs, ints: None), name=name)

@@ -48,8 +48,10 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         prescale_factor / postscale_factor: multiply before / after the reduction.
     """
     arr = _as_array(tensor)
-    out = np.empty_like(arr)
-    return _ops.submit("allreduce", name, arr, out, finish=lambda o, i: out,
+    # The core allocates the result (pooled, pre-faulted memory) and reduces
+    # straight from arr into it: no copy and no page faults on the way.
+    return _ops.submit("allreduce", name, arr, None, core_output=True,
+                       finish=lambda o, i: _ops.numpy_output(o[0]),
                        process_set=process_set, op=resolve_op(average, op),
                        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 

@@ -107,8 +107,10 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         A handle; ``synchronize(handle)`` returns the reduced tensor.
     """
     src = _source(tensor)
-    out = torch.empty_like(src)
-    return _ops.submit("allreduce", name, src, out, finish=lambda o, i: out,
+    # The core allocates the result (pooled, pre-faulted memory) and reduces
+    # straight from src into it: no copy and no page faults on the way.
+    return _ops.submit("allreduce", name, src, None, core_output=True,
+                       finish=lambda o, i: _wrap(o[0]),
                        process_set=process_set, op=resolve_op(average, op),
                        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
@@ -140,8 +142,7 @@ def grouped_allreduce_named(tensors, average, name, op, prescale_factor, postsca
     else:
         prepared = []
         for i, t in enumerate(tensors):
-            src = _source(t, f"tensors[{i}]")
-            prepared.append((src, torch.empty_like(src)))
+            prepared.append((_source(t, f"tensors[{i}]"), None))  # the core allocates out
     group = group_name("grouped_allreduce", name, process_set)
     if member_names is None:
         member_names = [f"{group}.{i}" for i in range(len(tensors))]
@@ -157,12 +158,12 @@ def grouped_allreduce_named(tensors, average, name, op, prescale_factor, postsca
 
             src, out = buf, buf
         else:
-            src, out = a, b
-            finish = (lambda o, ints, out=out: out)
+            src, out = a, None
+            finish = (lambda o, ints: _wrap(o[0]))
         handles.append(_ops.submit(
             "allreduce", member_names[i], src, out, finish=finish, process_set=process_set, op=op,
             prescale_factor=prescale_factor, postscale_factor=postscale_factor, group=group,
-            group_size=len(tensors)))
+            group_size=len(tensors), core_output=not in_place))
     return CompositeHandle(handles, list, group)
 
 

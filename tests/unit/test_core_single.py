@@ -55,12 +55,31 @@ def test_size_one_results(initialized):
     (lambda: sdl.allreduce(np.ones(2, np.complex64)), "unsupported tensor dtype"),
     (lambda: sdl.allreduce(np.ones(2), op=sdl.Adasum), "Adasum"),
     (lambda: ops.submit("allreduce", "no_out", np.ones(3)), "needs an output tensor"),
+    (lambda: ops.submit("broadcast", "b", np.ones(3), core_output=True),
+     "only an allreduce without an output tensor"),
+    (lambda: ops.submit("allreduce", "both", np.ones(3), np.ones(3), core_output=True),
+     "only an allreduce without an output tensor"),
 ])
 def test_invalid_arguments_raise_before_enqueue(initialized, call, match):
     with pytest.raises(sdl.InvalidArgumentError, match=match):
         call()
     # the runtime is still usable
     assert sdl.allreduce(np.ones(1), op=sdl.Sum).tolist() == [1.0]
+
+
+@pytest.mark.parametrize("shape", [(), (0, 4), (5, 3), (1 << 19,)])
+def test_out_of_place_allreduce_single_rank(initialized, shape):
+    # The core allocates the result (heap below 1 MiB, its pool above): a new, writable
+    # array equal to the input, which stays untouched.
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    keep = x.copy()
+    y = sdl.allreduce(x, op=sdl.Sum)
+    assert y.shape == x.shape and y.dtype == x.dtype and np.array_equal(y, x)
+    assert y.size == 0 or not np.shares_memory(x, y)
+    y += 1
+    assert np.array_equal(x, keep)
+    z = sdl.allreduce(x, op=sdl.Average, prescale_factor=2.0, postscale_factor=0.5)
+    assert np.array_equal(z, x)
 
 
 def test_duplicate_name_in_flight_single_rank(initialized):

@@ -5,6 +5,11 @@
 
 namespace sdl {
 
+void Comm::AllreduceInto(const void* in, void* out, size_t count, DataType dt, ReduceOp op) {
+  if (in != out && count) std::memcpy(out, in, count * DataTypeSize(dt));
+  Allreduce(out, count, dt, op);
+}
+
 void Comm::Reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
                          DataType dt, ReduceOp op) {
   size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});

@@ -25,6 +25,11 @@ class Comm {
 
   // In place over count elements of buf.
   virtual void Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) = 0;
+  // Out of place: out (count elements) receives the reduction of every rank's
+  // in, which stays unchanged; in == out is Allreduce. Bit-identical to
+  // copying in to out and reducing out in place (the default does just that;
+  // shared memory reads in directly, saving the copy).
+  virtual void AllreduceInto(const void* in, void* out, size_t count, DataType dt, ReduceOp op);
   // Rank r contributes bytes[r] bytes from in; out receives every rank's bytes
   // concatenated in rank order. in may be null when bytes[rank] == 0.
   virtual void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) = 0;

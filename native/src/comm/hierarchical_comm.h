@@ -32,6 +32,11 @@ class HierarchicalComm : public Comm {
     if (cross_) cross_->Allreduce(buf, count, dt, op);
     local_->Broadcast(buf, count * DataTypeSize(dt), 0);
   }
+  void AllreduceInto(const void* in, void* out, size_t count, DataType dt, ReduceOp op) override {
+    local_->AllreduceInto(in, out, count, dt, op);
+    if (cross_) cross_->Allreduce(out, count, dt, op);
+    local_->Broadcast(out, count * DataTypeSize(dt), 0);
+  }
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override {
     flat_->Allgatherv(in, out, bytes);
   }

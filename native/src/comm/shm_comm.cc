@@ -286,28 +286,44 @@ void ShmComm::Sync() {
 void ShmComm::Barrier() { Sync(); }
 
 void ShmComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
+  AllreduceInto(buf, buf, count, dt, op);
+}
+
+// Out of place, in needs no copy first: it is staged for the peers straight
+// from in, and the first reduction of this rank's part reads in and writes
+// out. Every operand and the order of the reductions are the same as in place,
+// so the bits are too.
+void ShmComm::AllreduceInto(const void* in, void* out, size_t count, DataType dt, ReduceOp op) {
   if (count == 0) return;
   const size_t es = DataTypeSize(dt);
+  if (size_ == 1) {
+    if (in != out) std::memcpy(out, in, count * es);
+    return;
+  }
   const size_t chunk = std::max<size_t>(half_bytes_ / es / size_, 1) * size_;  // elements
-  char* data = static_cast<char*>(buf);
+  const char* src = static_cast<const char*>(in);
+  char* data = static_cast<char*>(out);
   for (size_t off = 0; off < count; off += chunk) {
     size_t n = std::min(chunk, count - off);
+    const char* mine_in = src + off * es;
     char* mine = data + off * es;
     auto lo = [&](int q) { return n * q / size_ * es; };
     auto len = [&](int q) { return n * (q + 1) / size_ * es - n * q / size_ * es; };
     char* stage = half(rank_, round_);
     // Peers need my contribution to the parts they own.
     for (int q = 0; q < size_; ++q)
-      if (q != rank_ && len(q)) std::memcpy(stage + lo(q), mine + lo(q), len(q));
+      if (q != rank_ && len(q)) std::memcpy(stage + lo(q), mine_in + lo(q), len(q));
     Sync();
     // Each part has one owner that reduces it, so every rank ends with identical bits.
     size_t my_lo = lo(rank_), my_len = len(rank_), my_n = my_len / es;
     if (my_len) {
+      const char* acc = mine_in + my_lo;  // the partial result: my input until the first step
       for (int q = 0; q < size_; ++q) {
         if (q == rank_) continue;
         const char* theirs = half(q, round_) + my_lo;
-        if (q < rank_) Reduce(mine + my_lo, theirs, mine + my_lo, my_n, dt, op);
-        else Reduce(mine + my_lo, mine + my_lo, theirs, my_n, dt, op);
+        if (q < rank_) Reduce(mine + my_lo, theirs, acc, my_n, dt, op);
+        else Reduce(mine + my_lo, acc, theirs, my_n, dt, op);
+        acc = mine + my_lo;
       }
       std::memcpy(stage + my_lo, mine + my_lo, my_len);
     }

@@ -67,6 +67,9 @@ void Runtime::Finish(ProcessSet& ps, const std::string& name, Result result) {
     counters_.tensors++;
     counters_.bytes += Elements(it->second.req.shape) * DataTypeSize(it->second.req.dtype);
   }
+  // An output the core allocated (out-of-place allreduce) goes to the caller.
+  if (result.code == ErrorCode::kOk && it->second.output)
+    result.outputs.insert(result.outputs.begin(), std::move(it->second.output));
   int64_t h = it->second.handle;
   ps.pending.erase(it);
   {
@@ -142,9 +145,14 @@ void Runtime::ExecAllreduce(ProcessSet& ps, const Response& r) {
   if (entries.size() == 1 && entries[0]) {
     Entry& e = *entries[0];
     size_t n = static_cast<size_t>(Elements(r.shapes[0]));
-    if (e.out != e.in && n) std::memcpy(e.out, e.in, n * es);
-    Scale(e.out, n, r.dtype, r.prescale);
-    ps.comm->Allreduce(e.out, n, r.dtype, TransportOp(r.reduce));
+    if (r.prescale == 1.0) {
+      // Out of place the transport reads the input itself: no copy first.
+      ps.comm->AllreduceInto(e.in, e.out, n, r.dtype, TransportOp(r.reduce));
+    } else {
+      if (e.out != e.in && n) std::memcpy(e.out, e.in, n * es);
+      Scale(e.out, n, r.dtype, r.prescale);
+      ps.comm->Allreduce(e.out, n, r.dtype, TransportOp(r.reduce));
+    }
     Finalize(e.out, n, r.dtype, r.reduce, r.postscale, size);
   } else {
     // Fused (or this rank joined and contributes zeros): pack, reduce once, unpack.

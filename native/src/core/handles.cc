@@ -1,8 +1,144 @@
 #include "core/handles.h"
 
+#include <sys/mman.h>
+
 #include <chrono>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels return EINVAL
+#endif
 
 namespace sdl {
+namespace {
+
+constexpr size_t kPooledMin = size_t{1} << 20;  // smaller outputs come from the heap
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kIdleCap = size_t{256} << 20;  // idle bytes the pool keeps at most
+constexpr double kIdleSeconds = 30.0;           // idle buffers older than this are unmapped
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct IdleBuffer {
+  char* p;
+  size_t capacity;
+  double since;
+};
+
+// Released pooled buffers, oldest first. Leaked on purpose: tensors may be
+// released after static destructors ran (at interpreter exit).
+struct OutputPool {
+  std::mutex mu;
+  std::vector<IdleBuffer> idle;
+  size_t idle_bytes = 0;
+};
+
+OutputPool& Pool() {
+  static OutputPool* pool = new OutputPool;
+  return *pool;
+}
+
+// Removes (under the pool's lock) buffers idle too long or beyond the cap;
+// returns them for unmapping outside the lock.
+std::vector<IdleBuffer> TrimLocked(OutputPool& pool, double now) {
+  std::vector<IdleBuffer> drop;
+  size_t keep = 0;
+  while (keep < pool.idle.size() &&
+         (pool.idle_bytes > kIdleCap || now - pool.idle[keep].since > kIdleSeconds)) {
+    pool.idle_bytes -= pool.idle[keep].capacity;
+    drop.push_back(pool.idle[keep]);
+    ++keep;
+  }
+  pool.idle.erase(pool.idle.begin(), pool.idle.begin() + static_cast<std::ptrdiff_t>(keep));
+  return drop;
+}
+
+void Unmap(const std::vector<IdleBuffer>& drop) {
+  for (const IdleBuffer& b : drop) munmap(b.p, b.capacity);
+}
+
+// A fresh capacity-byte mapping, 2 MiB aligned so that transparent huge pages
+// can back it, with every page faulted in now rather than inside a collective.
+char* MapFresh(size_t capacity) {
+  size_t span = capacity + kHugePage;
+  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
+  if (aligned > start) munmap(raw, aligned - start);
+  size_t tail = start + span - (aligned + capacity);
+  if (tail) munmap(reinterpret_cast<void*>(aligned + capacity), tail);
+  char* p = reinterpret_cast<char*>(aligned);
+#ifdef MADV_HUGEPAGE
+  madvise(p, capacity, MADV_HUGEPAGE);
+#endif
+  if (madvise(p, capacity, MADV_POPULATE_WRITE) != 0) {
+    for (size_t off = 0; off < capacity; off += 4096) static_cast<volatile char*>(p)[off] = 0;
+  }
+  return p;
+}
+
+char* AcquireOutput(size_t bytes, size_t* capacity) {
+  if (bytes < kPooledMin) {
+    *capacity = 0;
+    return new char[bytes];
+  }
+  const size_t want = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  OutputPool& pool = Pool();
+  std::vector<IdleBuffer> drop;
+  char* found = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(pool.mu);
+    // The most recently released buffer that fits without wasting more than a quarter.
+    for (size_t i = pool.idle.size(); i-- > 0;) {
+      const IdleBuffer& b = pool.idle[i];
+      if (b.capacity >= want && b.capacity <= want + want / 4) {
+        found = b.p;
+        *capacity = b.capacity;
+        pool.idle_bytes -= b.capacity;
+        pool.idle.erase(pool.idle.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+    }
+    drop = TrimLocked(pool, Seconds());
+  }
+  Unmap(drop);
+  if (found) return found;
+  *capacity = want;
+  return MapFresh(want);
+}
+
+}  // namespace
+
+void OutputDeleter::operator()(char* p) const {
+  if (!p) return;
+  if (capacity == 0) {
+    delete[] p;
+    return;
+  }
+  OutputPool& pool = Pool();
+  std::vector<IdleBuffer> drop;
+  {
+    std::lock_guard<std::mutex> lk(pool.mu);
+    double now = Seconds();
+    pool.idle.push_back({p, capacity, now});
+    pool.idle_bytes += capacity;
+    drop = TrimLocked(pool, now);
+  }
+  Unmap(drop);
+}
+
+Buffer::Buffer(size_t n) : bytes(n) {
+  if (!n) return;
+  size_t capacity = 0;
+  char* p = AcquireOutput(n, &capacity);
+  data = std::unique_ptr<char[], OutputDeleter>(p, OutputDeleter{capacity});
+}
 
 int64_t HandleTable::Create() {
   std::lock_guard<std::mutex> lk(mu_);

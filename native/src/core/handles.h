@@ -14,11 +14,30 @@
 
 namespace sdl {
 
-// Output memory the core allocates (allgather, alltoall): handed to the
-// caller as a DLPack tensor that keeps this buffer alive.
+// Frees output memory: back to the output pool when it came from there
+// (capacity > 0), else delete[].
+struct OutputDeleter {
+  size_t capacity = 0;
+  void operator()(char* p) const;
+};
+
+// Output memory the core allocates (allgather, alltoall, out-of-place
+// allreduce): handed to the caller as a DLPack tensor that keeps this buffer
+// alive.
+//
+// Why a pool: a fresh large allocation is a fresh mapping whose every page
+// faults (and is zeroed) on first write, which for 64 MiB costs more than the
+// shared-memory allreduce itself, and those faults would land inside the
+// collective where they stall every peer. Buffers of at least 1 MiB therefore
+// come from anonymous mappings (2 MiB aligned, advised for transparent huge
+// pages, pre-faulted) that return to a per-process pool when the caller drops
+// the tensor; the next output of a similar size reuses one without faulting.
+// The pool keeps at most 256 MiB idle and unmaps buffers idle for over 30 s
+// (checked whenever an output is taken or released).
+// Smaller buffers come from the heap.
 struct Buffer {
-  explicit Buffer(size_t n) : data(n ? new char[n] : nullptr), bytes(n) {}
-  std::unique_ptr<char[]> data;
+  explicit Buffer(size_t n);
+  std::unique_ptr<char[], OutputDeleter> data;
   size_t bytes;
   DataType dtype = DataType::kUInt8;
   std::vector<int64_t> shape;

@@ -15,6 +15,7 @@
 
 #include "comm/comm.h"
 #include "common/message.h"
+#include "core/handles.h"
 #include "core/response_cache.h"
 
 namespace sdl {
@@ -24,6 +25,7 @@ struct Entry {
   Request req;
   const void* in = nullptr;  // caller memory (kept alive by the caller until done)
   void* out = nullptr;       // caller memory, or null when the core allocates
+  std::shared_ptr<Buffer> output;  // core-allocated out (allreduce), handed back on success
   int64_t handle = 0;
   bool sent = false;         // already sent to the coordinator
   double since = 0;          // steady-clock seconds when the background thread took it in

@@ -305,7 +305,8 @@ void Runtime::CheckUsable() {
   }
 }
 
-int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out) {
+int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
+                         bool core_output) {
   CheckUsable();
   std::shared_ptr<ProcessSet> ps = FindSet(ps_id);
   if (!ps->member())
@@ -348,6 +349,19 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out) 
   if (tensor_op && in == nullptr && req.NumElements() > 0)
     throw Error(ErrorCode::kInvalidArgument, std::string(OpTypeName(req.op)) + " of '" + req.name +
                                                  "' has no input tensor");
+  if (core_output && (req.op != OpType::kAllreduce || out != nullptr))
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(OpTypeName(req.op)) + " of '" + req.name +
+                    "': only an allreduce without an output tensor can ask the core for its output");
+  std::shared_ptr<Buffer> output;
+  if (core_output) {
+    // Allocated here, outside the collective: a pool miss maps and pre-faults
+    // fresh memory on the caller's thread, not while peers wait.
+    output = std::make_shared<Buffer>(static_cast<size_t>(req.NumElements()) * DataTypeSize(req.dtype));
+    output->dtype = req.dtype;
+    output->shape = req.shape;
+    out = output->data.get();
+  }
   if ((req.op == OpType::kAllreduce || req.op == OpType::kBroadcast) && out == nullptr &&
       req.NumElements() > 0)
     throw Error(ErrorCode::kInvalidArgument,
@@ -366,6 +380,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out) 
     e.req = std::move(req);
     e.in = in;
     e.out = out;
+    e.output = std::move(output);
     e.handle = h;
     ps->incoming.push_back(std::move(e));
   }

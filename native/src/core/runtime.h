@@ -78,9 +78,14 @@ class Runtime {
   // Enqueues one operation on process set ps_id and returns its handle.
   // in/out are caller memory that must stay valid until the handle is done;
   // out == nullptr asks the core to allocate the output (allgather, alltoall,
-  // reducescatter). Throws sdl::Error for bad calls (unknown set, duplicate
-  // in-flight name, invalid arguments) and after a failure or shutdown.
-  int64_t Enqueue(int32_t ps_id, Request req, const void* in, void* out);
+  // reducescatter; allreduce with core_output). Throws sdl::Error for bad
+  // calls (unknown set, duplicate in-flight name, invalid arguments) and after
+  // a failure or shutdown.
+  // core_output (allreduce, out == nullptr): the core allocates the output
+  // from its output pool (see Buffer in handles.h) and returns it as the
+  // result's first output.
+  int64_t Enqueue(int32_t ps_id, Request req, const void* in, void* out,
+                  bool core_output = false);
 
   // Registers a new process set (every rank calls it, in the same order).
   // Members connect before this returns; the set becomes usable on every rank

@@ -142,7 +142,7 @@ nb::object ToArray(const std::shared_ptr<Buffer>& buf) {
 int64_t Enqueue(int op, const std::string& name, std::optional<nb::ndarray<nb::ro>> input,
                 std::optional<nb::ndarray<>> output, int32_t process_set, int reduce,
                 double prescale, double postscale, int32_t root, std::vector<int64_t> splits,
-                std::string group, int32_t group_size) {
+                std::string group, int32_t group_size, bool core_output) {
   Runtime& rt = Rt();
   Request req;
   req.op = static_cast<OpType>(op);
@@ -170,7 +170,7 @@ int64_t Enqueue(int op, const std::string& name, std::optional<nb::ndarray<nb::r
     out = output->data();
   }
   nb::gil_scoped_release nogil;
-  return rt.Enqueue(process_set, std::move(req), in, out);
+  return rt.Enqueue(process_set, std::move(req), in, out, core_output);
 }
 
 nb::tuple Take(int64_t h) {
@@ -329,7 +329,21 @@ NB_MODULE(_core, m) {
   });
   m.def("enqueue", &Enqueue, "op"_a, "name"_a, "input"_a.none(), "output"_a.none(),
         "process_set"_a = 0, "reduce"_a = 1, "prescale"_a = 1.0, "postscale"_a = 1.0,
-        "root"_a = 0, "splits"_a = std::vector<int64_t>(), "group"_a = "", "group_size"_a = 0);
+        "root"_a = 0, "splits"_a = std::vector<int64_t>(), "group"_a = "", "group_size"_a = 0,
+        "core_output"_a = false);
+  // A writable NumPy array over a DLPack capsule from take(), without a copy
+  // (numpy.from_dlpack marks arrays from unversioned capsules read-only).
+  m.def(
+      "to_numpy",
+      [](nb::ndarray<> a) {
+        auto* keep = new nb::ndarray<>(a);  // holds the capsule's memory while NumPy uses it
+        nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<nb::ndarray<>*>(p); });
+        std::vector<size_t> shape(a.ndim());
+        for (size_t i = 0; i < a.ndim(); ++i) shape[i] = a.shape(i);
+        return nb::ndarray<nb::numpy>(a.data(), a.ndim(), shape.data(), owner, nullptr, a.dtype(),
+                                      nb::device::cpu::value);
+      },
+      "capsule"_a);
   m.def("poll", [](int64_t h) { return Rt().handles().Poll(h); });
   m.def(
       "wait",
