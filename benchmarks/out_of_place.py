@@ -6,8 +6,9 @@
 
 Each rank alternates, call by call, ``hvd.allreduce_(x)`` (in place), ``y = hvd.allreduce(x)``
 (out of place; the previous ``y`` is released when the new one replaces it, as in a training
-loop) and a plain ``x.clone()`` of the same tensor (what one fresh tensor of that size costs
-here, page faults included). Sum of float32 tensors; the first calls check the results. Times
+loop), the same allreduce into a fresh ``torch.empty_like(x)`` output (how ``allreduce`` worked
+before the core allocated its outputs) and a plain ``x.clone()`` of the same tensor (what one
+fresh tensor of that size costs here, page faults included). Sum of float32 tensors; the first calls check the results. Times
 are rank 0's per call; the tables show the median over all calls of all rounds with the 10th
 and 90th percentiles, and the ratio out-of-place / in-place (the target at 64 MiB: at most
 1.5). Both forms run in the same job, interleaved, so a noisy machine slows them alike.
@@ -19,7 +20,9 @@ import _harness as H
 
 DEFAULT_PEERS = ("spark_dl",)
 BYTES_PER_SIZE = 1 << 30
-FORMS = ("in_place", "out_of_place", "clone")
+FORMS = ("in_place", "out_of_place", "torch_output", "clone")
+LABELS = {"in_place": "in place", "out_of_place": "out of place",
+          "torch_output": "out of place, torch.empty_like output", "clone": "x.clone()"}
 
 
 def sizes(args):
@@ -30,7 +33,7 @@ def sizes(args):
     return out
 
 
-def time_size(hvd, torch, nbytes, iters, warmup):
+def time_size(hvd, torch, ops, nbytes, iters, warmup):
     n = nbytes // 4
     x = torch.ones(n, dtype=torch.float32)
     y = hvd.allreduce(x, op=hvd.Sum, name=f"oop.check.{nbytes}")
@@ -42,22 +45,27 @@ def time_size(hvd, torch, nbytes, iters, warmup):
     x.zero_()  # zeros from here on: the values stay finite however many calls run
     samples = {f: [] for f in FORMS}
     clock = time.perf_counter
-    y = None
+    y = z = None
     for i in range(warmup + iters):
         # Rotate the order so that neither form always runs right after the other.
-        for form in FORMS[i % 3:] + FORMS[:i % 3]:
+        for form in FORMS[i % len(FORMS):] + FORMS[:i % len(FORMS)]:
             t0 = clock()
             if form == "in_place":
                 hvd.allreduce_(x, op=hvd.Sum, name=f"oop.in.{nbytes}")
             elif form == "out_of_place":
                 y = hvd.allreduce(x, op=hvd.Sum, name=f"oop.out.{nbytes}")
+            elif form == "torch_output":
+                # Into a fresh torch tensor (how allreduce worked before the core's output
+                # pool): shows what first-touch page faults on the output cost.
+                z = torch.empty_like(x)
+                ops.submit("allreduce", f"oop.torch.{nbytes}", x, z, op=hvd.Sum).wait()
             else:
                 c = x.clone()
                 del c
             dt = clock() - t0
             if i >= warmup:
                 samples[form].append(dt)
-    del y
+    del y, z
     return samples
 
 
@@ -67,14 +75,16 @@ def worker(args):
     import spark_dl.torch as hvd
 
     torch.set_num_threads(1)
-    hvd.init()
+    from spark_dl.common import ops
     from spark_dl.common.basics import transport
+
+    hvd.init()
 
     info = {"transport": transport()}
     times = {}
     for nbytes in sizes(args):
         iters = max(args.min_iters, min(args.iters, BYTES_PER_SIZE // nbytes))
-        times[str(nbytes)] = time_size(hvd, torch, nbytes, iters, args.warmup)
+        times[str(nbytes)] = time_size(hvd, torch, ops, nbytes, iters, args.warmup)
     if hvd.rank() == 0:
         print(H.RESULT_MARK + H.json.dumps(dict(info, times=times)), flush=True)
     hvd.shutdown()
@@ -92,7 +102,7 @@ def driver(args):
         keys = list(results[p][0]["times"])
         print(f"### {H.PEER_LABELS[p]}\n")
         print("Median per call over all calls of all rounds [10th-90th percentile]:\n")
-        head = ["size"] + [f.replace("_", "-") for f in FORMS] + [
+        head = ["size"] + [LABELS[f] for f in FORMS] + [
             "out-of-place / in-place", "per-round ratios"]
         rows = []
         for k in keys:
