@@ -24,7 +24,8 @@ def require_supported(what):
     if BACKEND not in SUPPORTED:
         raise InvalidArgumentError(
             f"{what} needs KERAS_BACKEND=tensorflow or torch; this process runs Keras on "
-            f"'{BACKEND}' (spark_dl cannot reach into a jax-compiled train step; see docs/keras.md)")
+            f"'{BACKEND}' (spark_dl cannot reach into a jax-compiled train step; "
+            "see docs/keras.md)")
 
 
 def _tf():

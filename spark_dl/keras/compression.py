@@ -1,4 +1,4 @@
-"""Gradient compression for Keras tensors of any backend: ``Compression.none``, ``Compression.fp16``.
+"""Gradient compression for Keras tensors of any backend: ``Compression.none`` and ``fp16``.
 
 The casts are ``keras.ops`` calls, so one compressor serves the TensorFlow and the torch
 backends (inside a compiled ``tf.function`` too). Interface as in

@@ -131,6 +131,7 @@ def call(body, tensors, out_dtypes=None, out_shapes=None, op_name="SdlCollective
         for i, dt in enumerate(out_dtypes):
             if dt == tf.bfloat16:
                 out_dtypes[i], restore[i] = tf.float32, tf.bfloat16
+
     def _body(*arrays):
         outs = body(*arrays)
         # numpy_function checks the dtypes exactly: scalars come back as 0-d arrays.

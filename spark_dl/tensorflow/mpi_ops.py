@@ -1,4 +1,4 @@
-"""Horovod's ``horovod.tensorflow`` collectives on TensorFlow 2 tensors, eager and in ``tf.function``.
+"""Horovod's ``horovod.tensorflow`` collectives on TensorFlow 2, eager and in ``tf.function``.
 
 Each call is one TensorFlow op (see :mod:`spark_dl.tensorflow._bridge`): a grouped
 operation over 50 tensors is one op and one trip into Python, not 50. The float
@@ -230,8 +230,8 @@ def _allgather_diff(tensors, name, process_set, grouped):
     for t in tensors:
         if t.shape.rank == 0:
             raise InvalidArgumentError(
-                f"allgather needs tensors with at least one dimension (got a scalar); "
-                f"reshape it to [1] first")
+                "allgather needs tensors with at least one dimension (got a scalar); "
+                "reshape it to [1] first")
     if not _differentiable(tensors):
         return _allgather_raw(tensors, name, process_set, grouped)
 

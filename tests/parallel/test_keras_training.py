@@ -52,7 +52,8 @@ def test_broadcast_callback_and_save_load_round_trip(backend):
     assert a["plain_load_class"] == "Adam" and not a["plain_load_distributed"]
     assert a["loaded_distributed"] and a["loaded_is_adam"]
     assert a["loaded_iterations"] == a["saved_iterations"] > 0
-    assert a["after_loaded_fit"] == b["after_loaded_fit"], "the re-wrapped optimizer did not average"
+    assert a["after_loaded_fit"] == b["after_loaded_fit"], \
+        "the re-wrapped optimizer did not average"
     assert a["global_root1"] == b["global_root1"]
 
 
