@@ -195,9 +195,11 @@ class TorchEstimator(TorchEstimatorParamsAccessors, EstimatorBase):
             try:
                 util.metric_values([(name, metric)], outputs, matched)
             except Exception as e:
-                raise ValueError(f"metric {name!r} failed on "
-                                 f"outputs {util.describe(outputs)} and labels "
-                                 f"{util.describe(matched)}: {type(e).__name__}: {e}") from e
+                raise ValueError(
+                    f"metric {name!r} failed on outputs of "
+                    f"{', '.join(util.per_row(o) for o in outputs)} per row and labels of "
+                    f"{', '.join(util.per_row(t) for t in matched)} per row: "
+                    f"{type(e).__name__}: {e}") from e
 
     # ------------------------------------------------------------------ training
 
