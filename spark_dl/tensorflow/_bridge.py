@@ -86,8 +86,14 @@ def run_collective(kind, arrays, names, group, process_set, **kw):
     for a, name in zip(arrays, names):
         kw_group = dict(group=subgroup[a.dtype], group_size=gsize[a.dtype]) if group \
             else dict(group="", group_size=0)
-        if kind in ("allreduce", "broadcast"):
-            out = np.empty_like(a) if kind == "allreduce" else a.copy()
+        if kind == "allreduce":
+            # The core allocates the result (pooled, pre-faulted memory) and reduces
+            # straight from the input into it.
+            h = _ops.submit(kind, name, a, None, core_output=True,
+                            finish=lambda o, i: _ops.numpy_output(o[0]),
+                            process_set=process_set, **kw_group, **kw)
+        elif kind == "broadcast":
+            out = a.copy()
             h = _ops.submit(kind, name, a, out, finish=lambda o, i, out=out: out,
                             process_set=process_set, **kw_group, **kw)
         elif kind == "alltoall":
