@@ -172,8 +172,15 @@ def _env():
     return env
 
 
+def _run_params():
+    """RUN as pytest params; those that start Spark carry the ``spark`` marker."""
+    for s in RUN:
+        spark = "SparkSession" in s.code or "spark-submit" in s.code
+        yield pytest.param(s, id=s.where, marks=[pytest.mark.spark] if spark else [])
+
+
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-@pytest.mark.parametrize("snippet", RUN, ids=[s.where for s in RUN])
+@pytest.mark.parametrize("snippet", list(_run_params()))
 def test_run_snippet(snippet, tmp_path):
     python = ROOT / ".venv" / "bin" / "python"
     if not python.exists():
