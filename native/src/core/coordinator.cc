@@ -1,5 +1,6 @@
 #include "core/coordinator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <sstream>
@@ -323,13 +324,21 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
       for (Response& m : members) ready.push_back(std::move(m));
       continue;
     }
-    Response merged = members[0];
-    for (size_t i = 1; i < members.size(); ++i) {
-      merged.names.push_back(members[i].names[0]);
-      merged.shapes.push_back(members[i].shapes[0]);
-      merged.cacheable &= members[i].cacheable;
+    // One fused allreduce per dtype: a fusion buffer holds one type (members of other
+    // types must not be packed as if they had the first member's).
+    std::vector<Response> by_dtype;
+    for (Response& m : members) {
+      auto same = std::find_if(by_dtype.begin(), by_dtype.end(),
+                               [&](const Response& r) { return r.dtype == m.dtype; });
+      if (same == by_dtype.end()) {
+        by_dtype.push_back(std::move(m));
+      } else {
+        same->names.push_back(m.names[0]);
+        same->shapes.push_back(m.shapes[0]);
+        same->cacheable &= m.cacheable;
+      }
     }
-    ready.push_back(std::move(merged));
+    for (Response& r : by_dtype) ready.push_back(std::move(r));
   }
   if (!groups.empty()) {
     std::vector<std::string> order;
@@ -358,9 +367,11 @@ std::vector<Response> MergeGroups(std::vector<Response> ready) {
       out.push_back(std::move(r));
       continue;
     }
-    auto it = at.find(r.group);
+    // One fused response per group and dtype (see the group merge in the negotiation).
+    const std::string key = r.group + '\0' + std::to_string(static_cast<int>(r.dtype));
+    auto it = at.find(key);
     if (it == at.end()) {
-      at[r.group] = out.size();
+      at[key] = out.size();
       out.push_back(std::move(r));
     } else {
       out[it->second].names.push_back(r.names[0]);
