@@ -101,6 +101,48 @@ def _build(package: str) -> type:
     trainer_fn = importlib.import_module(f"{package}.trainer.states").TrainerFn
     from spark_dl.lightning import metrics as sdl_metrics
 
+    environments = importlib.import_module(f"{package}.plugins.environments")
+
+    class SparkDLEnvironment(environments.ClusterEnvironment):
+        """The job's topology as spark_dl's launcher set it up. Given to Lightning so that
+        it does not probe for other clusters: its MPI probe imports ``mpi4py.MPI``, which
+        starts MPI as a singleton (an ``orted`` that outlives the fit) in every process
+        that builds a Trainer."""
+
+        @property
+        def creates_processes_externally(self) -> bool:
+            return True
+
+        @property
+        def main_address(self) -> str:
+            return "127.0.0.1"  # unused: spark_dl's rendezvous connects the ranks
+
+        @property
+        def main_port(self) -> int:
+            return 0
+
+        @staticmethod
+        def detect() -> bool:
+            return False
+
+        def world_size(self) -> int:
+            return SparkDLStrategy._sdl().size()
+
+        def set_world_size(self, size: int) -> None:
+            pass  # fixed by the launcher
+
+        def global_rank(self) -> int:
+            return SparkDLStrategy._sdl().rank()
+
+        def set_global_rank(self, rank: int) -> None:
+            pass  # fixed by the launcher
+
+        def local_rank(self) -> int:
+            return SparkDLStrategy._sdl().local_rank()
+
+        def node_rank(self) -> int:
+            return SparkDLStrategy._sdl().cross_rank()
+
     class SparkDLStrategy(strategies.ParallelStrategy):
         """Data-parallel training over spark_dl (see :mod:`spark_dl.lightning.strategy`).
 
@@ -128,7 +170,8 @@ def _build(package: str) -> type:
                      accelerator=None, parallel_devices=None, checkpoint_io=None,
                      precision_plugin=None):
             super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                             cluster_environment=None, checkpoint_io=checkpoint_io,
+                             cluster_environment=SparkDLEnvironment(),
+                             checkpoint_io=checkpoint_io,
                              precision_plugin=precision_plugin)
             if backward_passes_per_step is not None and int(backward_passes_per_step) < 1:
                 raise ValueError(f"backward_passes_per_step must be >= 1, got "
