@@ -116,6 +116,9 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
         features = self.getFeatureColumns()
         if not features:
             raise ValueError("feature_columns is not set")
+        from spark_dl.spark.launch.executor_python import use_driver_python_for_session
+
+        use_driver_python_for_session(df.sparkSession)
         specs = self._column_specs(df)
         predictor = self._predictor(specs)
         vector_dtype = (self.getMetadata() or {}).get("vector_dtype",

@@ -110,6 +110,9 @@ def prepare_data(num_processes: int, store: Store, df,
     cache = training_cache if cache is None else cache
     labels = _as_list(label_columns, "label_columns")
     features = _as_list(feature_columns, "feature_columns")
+    from spark_dl.spark.launch.executor_python import use_driver_python_for_session
+
+    use_driver_python_for_session(df.sparkSession)  # local masters: this interpreter
     _check_args(num_processes, store, labels, features, validation, sample_weight_col,
                 partitions_per_process, vector_dtype, row_group_size_mb)
     columns = features + labels + ([sample_weight_col] if sample_weight_col else [])

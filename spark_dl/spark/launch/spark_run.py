@@ -87,6 +87,9 @@ def _spark_context():
         raise RuntimeError("spark_dl.spark.run needs an active SparkContext (create a "
                            "SparkSession first); Spark Connect sessions have no "
                            "SparkContext and cannot host the workers")
+    from spark_dl.spark.launch.executor_python import use_driver_python
+
+    use_driver_python(sc)
     return sc
 
 

@@ -1,0 +1,61 @@
+"""Which Python the executors run, on local masters.
+
+PySpark starts its Python workers with ``PYSPARK_PYTHON`` (or ``spark.pyspark.python``),
+else ``python3`` from the PATH, chosen once when the SparkContext is created. A driver
+started as ``.venv/bin/python train.py``, with no activated virtualenv, then gets executors
+on the system's ``python3``, which cannot import spark_dl (or pyarrow, or the framework):
+the first job dies with a page of Java and Python traces.
+
+On a local master (``local``, ``local[N]``, ``local-cluster``) the executors run on this
+machine, so the driver's own interpreter is reachable: when nobody chose the executors'
+Python, :func:`use_driver_python` points the context at ``sys.executable`` for the jobs
+spark_dl submits (PySpark reads ``SparkContext.pythonExec`` whenever it wraps a function)
+and says so once. An explicit choice is never overridden.
+"""
+
+import os
+import sys
+
+__all__ = ["use_driver_python", "use_driver_python_for_session"]
+
+_noted = set()
+
+
+def _chosen(sc) -> bool:
+    """Whether the user chose the executors' Python (environment or Spark conf)."""
+    if os.environ.get("PYSPARK_PYTHON"):
+        return True
+    conf = sc.getConf()
+    return bool(conf.get("spark.pyspark.python", None) or
+                conf.get("spark.executorEnv.PYSPARK_PYTHON", None))
+
+
+def use_driver_python(sc, out=None) -> bool:
+    """On a local master with no chosen executor Python, run the executors' Python workers
+    on this interpreter (see the module doc). Returns whether it changed anything."""
+    master = sc.master or ""
+    if not master.startswith("local") or _chosen(sc):
+        return False
+    current = sc.pythonExec
+    if current == sys.executable or (os.path.isabs(current or "") and
+                                     os.path.realpath(current) ==
+                                     os.path.realpath(sys.executable)):
+        return False
+    sc.pythonExec = sys.executable
+    key = (id(sc), current)
+    if key not in _noted:
+        _noted.add(key)
+        print(f"spark_dl: executors of master {master!r} run this driver's Python "
+              f"({sys.executable}) instead of {current!r}, which PYSPARK_PYTHON did not "
+              "choose; set PYSPARK_PYTHON (or spark.pyspark.python) to choose yourself",
+              file=out or sys.stderr, flush=True)
+    return True
+
+
+def use_driver_python_for_session(spark) -> bool:
+    """:func:`use_driver_python` for a SparkSession (a Spark Connect session has no
+    SparkContext here: nothing to do)."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return False
+    sc = getattr(spark, "sparkContext", None)
+    return use_driver_python(sc) if sc is not None else False
