@@ -51,6 +51,7 @@ class KerasSpec:
     checkpoint_callback: Any
     backend: str
     scale_learning_rate: bool = False
+    output_dtypes: Optional[List[str]] = None
 
 
 def compile_kwargs(fw: KerasSpec, optimizer) -> dict:
@@ -279,7 +280,8 @@ class KerasWorker(WorkerAdapter):
     def _xyw(self, batch):
         spec, fw = self.spec, self.fw
         x = util.feature_arrays(batch, spec.feature_cols, fw.input_specs)
-        y = util.label_arrays(batch, spec.label_cols, fw.output_shapes, spec.label_shapes)
+        y = util.label_arrays(batch, spec.label_cols, fw.output_shapes, spec.label_shapes,
+                              fw.output_dtypes)
         w = (np.asarray(batch[spec.sample_weight_col]).reshape(-1)
              if spec.sample_weight_col else None)
         return util.pack(x), util.pack(y), w, int(x[0].shape[0])

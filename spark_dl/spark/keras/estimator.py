@@ -144,7 +144,8 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
                                  f"({type(e).__name__}: {e})") from e
         features, labels = self.getFeatureCols(), self.getLabelCols()
         x = util.feature_arrays(batch, features, fw.input_specs)
-        y = util.label_arrays(batch, labels, fw.output_shapes, self.getLabelShapes())
+        y = util.label_arrays(batch, labels, fw.output_shapes, self.getLabelShapes(),
+                              fw.output_dtypes)
         weight = self.getSampleWeightCol()
         w = np.asarray(batch[weight]).reshape(-1) if weight else None
         model = util.model_from_bytes(fw.model_bytes, fw.custom_objects)
@@ -188,7 +189,8 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
             backward_passes_per_step=self.getBackwardPassesPerStep(),
             checkpoint_callback=self.getCheckpointCallback(),
             backend=keras.backend.backend(),
-            scale_learning_rate=bool(self.getScaleLearningRate()))
+            scale_learning_rate=bool(self.getScaleLearningRate()),
+            output_dtypes=util.output_dtypes(model))
         fw.metric_names = self._dry_run(store, dataset, fw)
         return fw
 

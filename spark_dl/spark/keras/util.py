@@ -10,7 +10,7 @@ Columns become model inputs in order (``feature_cols[i]`` -> ``model.inputs[i]``
 column's rows are reshaped to the input's shape (a vector of 784 values to ``(28, 28, 1)``
 when the input is so declared) and cast to its dtype. Labels are reshaped to the matching
 output's shape when the sizes agree (``label_shapes`` overrides), so a scalar label fits a
-``(None, 1)`` output.
+``(None, 1)`` output; float labels take the output's float type.
 """
 
 import os
@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["model_to_bytes", "model_from_bytes", "check_round_trip", "input_specs",
-           "output_shapes", "feature_arrays", "label_arrays", "describe", "pack",
+           "output_shapes", "output_dtypes", "feature_arrays", "label_arrays", "describe", "pack",
            "unpack_outputs"]
 
 
@@ -103,6 +103,11 @@ def output_shapes(model) -> List[List[Optional[int]]]:
     return [list(t.shape[1:]) for t in model.outputs]
 
 
+def output_dtypes(model) -> List[str]:
+    """Each model output's dtype (e.g. ``"float32"``)."""
+    return [str(t.dtype) for t in model.outputs]
+
+
 def _rows(values) -> np.ndarray:
     return values if isinstance(values, np.ndarray) else np.asarray(values)
 
@@ -126,9 +131,11 @@ def feature_arrays(batch: Mapping[str, Any], feature_cols: Sequence[str],
 
 
 def label_arrays(batch: Mapping[str, Any], label_cols: Sequence[str],
-                 out_shapes: Sequence[list], label_shapes: Optional[Sequence[list]]
-                 ) -> List[np.ndarray]:
-    """One array per label column, shaped for its output (see the module doc)."""
+                 out_shapes: Sequence[list], label_shapes: Optional[Sequence[list]],
+                 out_dtypes: Optional[Sequence[str]] = None) -> List[np.ndarray]:
+    """One array per label column, shaped for its output (see the module doc); float
+    labels take their output's float type (Keras' own losses cast, custom losses and
+    metrics may not)."""
     arrays = []
     for i, col in enumerate(label_cols):
         values = _rows(batch[col])
@@ -140,6 +147,10 @@ def label_arrays(batch: Mapping[str, Any], label_cols: Sequence[str],
             size = int(np.prod(values.shape[1:])) if values.ndim > 1 else 1
             if int(np.prod(out_shapes[i] or [1])) == size:
                 values = values.reshape([rows] + [int(d) for d in out_shapes[i]])
+        out_dtype = out_dtypes[i] if out_dtypes and i < len(out_dtypes) else None
+        if out_dtype and out_dtype.startswith("float") and values.dtype.kind == "f" and \
+                values.dtype != np.dtype(out_dtype):
+            values = values.astype(out_dtype)
         arrays.append(values)
     return arrays
 
