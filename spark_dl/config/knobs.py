@@ -99,6 +99,8 @@ PLATFORM_INPUTS: Dict[str, str] = {
     "JAVA_HOME": "checked before using an HDFS store (Hadoop's native client needs it)",
     "HADOOP_HOME": "checked before using an HDFS store",
     "CLASSPATH": "checked before using an HDFS store",
+    "PYSPARK_PYTHON": "the executors' Python as the user chose it: when unset on a local "
+                      "master, spark_dl runs the executors on the driver's interpreter",
     "TF_NUM_INTRAOP_THREADS": "TensorFlow's own thread setting: when set, KerasEstimator's "
                               "workers keep it instead of sharing the host's cores between "
                               "its ranks",

@@ -221,8 +221,14 @@ class LightningEstimator(LightningEstimatorParamsAccessors, EstimatorBase):
         validate = dataset.val_rows > 0
         try:
             with _quiet(package), tempfile.TemporaryDirectory(prefix="spark_dl_dry_") as tmp:
+                args = dict(self.getTrainerArgs() or {})
+                # A cluster environment of our choosing: Lightning would otherwise probe
+                # for MPI, importing mpi4py.MPI, which starts an MPI singleton (an orted
+                # that outlives the dry run) in the driver.
+                args.setdefault("plugins", [importlib.import_module(
+                    f"{package}.plugins.environments").LightningEnvironment()])
                 trainer = pl.Trainer(
-                    **(self.getTrainerArgs() or {}), accelerator="cpu", devices=1,
+                    **args, accelerator="cpu", devices=1,
                     max_epochs=1, limit_train_batches=1, limit_val_batches=1, logger=False,
                     enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, num_sanity_val_steps=0,
