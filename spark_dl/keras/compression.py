@@ -2,41 +2,17 @@
 
 The casts are ``keras.ops`` calls, so one compressor serves the TensorFlow and the torch
 backends (inside a compiled ``tf.function`` too). Interface as in
-:mod:`spark_dl.tensorflow.compression`: ``compress(t) -> (wire, ctx)`` and
+:mod:`spark_dl.common.compression`: ``compress(t) -> (wire, ctx)`` and
 ``decompress(wire, ctx)``.
 """
 
 import keras
 
+from spark_dl.common.compression import Compressor, NoneCompressor
+
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
 
 _FLOATS = ("float32", "float64", "bfloat16")
-
-
-class Compressor:
-    """Interface of a compressor (used as a class, never instantiated)."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns (tensor to send, context needed by :meth:`decompress`)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Returns the received tensor in its original form."""
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors unchanged."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 class FP16Compressor(Compressor):

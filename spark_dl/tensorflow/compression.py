@@ -7,33 +7,9 @@ Both are ordinary TensorFlow ops, so they run eagerly and inside ``tf.function``
 
 import tensorflow as tf
 
+from spark_dl.common.compression import Compressor, NoneCompressor
+
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "Compression"]
-
-
-class Compressor:
-    """Interface of a compressor (used as a class, never instantiated)."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns (tensor to send, context needed by :meth:`decompress`)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Returns the received tensor in its original form."""
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors unchanged."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 class FP16Compressor(Compressor):

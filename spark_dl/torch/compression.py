@@ -9,33 +9,9 @@ original dtype. Pass one as ``compression=`` to
 
 import torch
 
+from spark_dl.common.compression import Compressor, NoneCompressor
+
 __all__ = ["Compressor", "NoneCompressor", "FP16Compressor", "BF16Compressor", "Compression"]
-
-
-class Compressor:
-    """Interface of a compressor (used as a class, never instantiated)."""
-
-    @staticmethod
-    def compress(tensor):
-        """Returns (tensor to send, context needed by :meth:`decompress`)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Returns the received tensor in its original form."""
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors unchanged."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
 
 
 class _CastCompressor(Compressor):
