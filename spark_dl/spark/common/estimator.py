@@ -37,7 +37,6 @@ from spark_dl.spark.common.params import ESTIMATOR_PARAMS, TableParams, define_p
 from spark_dl.spark.common.params_accessors import EstimatorParamsAccessors
 from spark_dl.spark.common.persistence import PersistableParams
 from spark_dl.spark.common.store import Store
-from spark_dl.spark.launch.executor_python import use_driver_python_for_session
 
 __all__ = ["EstimatorBase", "make_run_id", "default_store"]
 
@@ -185,7 +184,6 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         num_proc = backend.num_processes()
         _check_capacity(backend)
         store = self._store(df.sparkSession)
-        use_driver_python_for_session(df.sparkSession)
         ctx = self._begin(store)
         ctx["fit_start"] = started
         from spark_dl.spark.common.util import prepare_data
