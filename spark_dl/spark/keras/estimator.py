@@ -111,8 +111,7 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
                             f"keras.callbacks.ModelCheckpoint('best.keras'), got {cb!r}")
 
     def _vector_dtype(self) -> str:
-        specs = util.input_specs(self.getModel())
-        return "float64" if any(d == "float64" for _, _, d in specs) else "float32"
+        return util.vector_dtype(self.getModel())
 
     def _worker_env(self) -> dict:
         return {"KERAS_BACKEND": _keras().backend.backend()}

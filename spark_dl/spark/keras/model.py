@@ -57,10 +57,7 @@ class KerasModel(KerasModelParamsAccessors, ModelBase):
 
     def _default_vector_dtype(self) -> str:
         model = self.getModel()
-        if model is None:
-            return "float32"
-        specs = util.input_specs(model)
-        return "float64" if any(d == "float64" for _, _, d in specs) else "float32"
+        return "float32" if model is None else util.vector_dtype(model)
 
     def _predictor(self, specs) -> KerasPredictor:
         model = self._keras_model()

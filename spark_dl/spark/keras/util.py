@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["model_to_bytes", "model_from_bytes", "check_round_trip", "input_specs",
-           "output_shapes", "output_dtypes", "feature_arrays", "label_arrays", "describe", "pack",
-           "unpack_outputs"]
+           "output_shapes", "output_dtypes", "vector_dtype", "feature_arrays", "label_arrays",
+           "describe", "pack", "unpack_outputs"]
 
 
 def model_to_bytes(model) -> bytes:
@@ -96,6 +96,12 @@ def input_specs(model) -> List[Tuple[str, List[Optional[int]], str]]:
             "Sequential model with keras.Input(shape=(n,)) or call model.build((None, n))")
     return [(getattr(t, "name", f"input_{i}"), list(t.shape[1:]), str(t.dtype))
             for i, t in enumerate(inputs)]
+
+
+def vector_dtype(model) -> str:
+    """The dtype Spark ML vector columns are read as for ``model``: float64 when an input
+    takes float64, else float32."""
+    return "float64" if any(d == "float64" for _, _, d in input_specs(model)) else "float32"
 
 
 def output_shapes(model) -> List[List[Optional[int]]]:
