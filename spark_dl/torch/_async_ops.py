@@ -19,6 +19,7 @@ from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import CompositeHandle
 from spark_dl.common.ops import Average, Sum, even_splits, group_name, resolve_op, set_size
 from spark_dl.common.process_sets import global_process_set
+from spark_dl.torch import _device
 
 __all__ = [
     "allreduce_async", "allreduce_async_", "grouped_allreduce_async", "grouped_allreduce_async_",
@@ -44,9 +45,7 @@ def _check(tensor, what="tensor"):
             f"{what} has layout {tensor.layout}; only dense tensors can be reduced (for sparse "
             "gradients use sparse_allreduce_async or DistributedOptimizer(sparse_as_dense=True))")
     if tensor.device.type != "cpu":
-        raise InvalidArgumentError(
-            f"{what} is on {tensor.device}; this build of spark_dl handles CPU tensors only "
-            "(it was built without CUDA/NCCL)")
+        _device.check_device(tensor, what)  # CUDA once the core takes it; others never
     if tensor.dtype not in _SUPPORTED_DTYPES:
         raise InvalidArgumentError(
             f"{what} has dtype {tensor.dtype}; supported: uint8, int8, int16, int32, int64, "

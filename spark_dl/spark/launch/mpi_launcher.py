@@ -189,7 +189,8 @@ class MpiLauncher(Launcher):
                               "SDL_HOST_ID": ps[0].task.host_hash, **RUN_AS_EXECUTOR}
                       for alias, ps in hosts.items()}
         ctx.driver.set_worker_env({
-            p.rank: {k: v for k, v in device_environment(p.task.gpus).items()
+            p.rank: {k: v for k, v in device_environment(
+                p.task.gpus, {**os.environ, **ctx.user_env}).items()
                      if k not in ctx.user_env}  # the user's env wins, as on Gloo
             for p in ctx.placements})
         daemons = {id(ps[0]) for ps in hosts.values()}

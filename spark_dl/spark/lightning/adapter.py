@@ -42,7 +42,9 @@ import numpy as np
 import torch
 
 from spark_dl.spark.common.adapter import Predictor, WorkerAdapter
+from spark_dl.spark.launch.task.devices import choose_gpu
 from spark_dl.spark.lightning import util
+from spark_dl.torch import _device as tensor_device
 
 __all__ = ["LightningSpec", "LightningWorker", "LightningPredictor", "CHECKPOINT_FORMAT"]
 
@@ -184,8 +186,21 @@ class _LoopCallback:
         return self.worker.stop_requested()
 
 
-def _device(use_gpu: bool) -> torch.device:
-    return torch.device("cuda") if use_gpu and torch.cuda.is_available() else torch.device("cpu")
+def _device(use_gpu: bool, local_rank: int, rank: int) -> torch.device:
+    """The rule of :func:`~spark_dl.spark.launch.task.devices.choose_gpu`, as the torch
+    estimator applies it (rank 0 alone warns of a fallback to the CPU). The strategy's
+    ``root_device`` makes the same choice (local rank modulo the visible GPUs: with Spark's
+    GPU pinned by CUDA_VISIBLE_DEVICES, index 0)."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = choose_gpu(use_gpu, local_rank, count, warn=rank == 0)
+    if index is None:
+        return torch.device("cpu")
+    device = torch.device("cuda", index)
+    # A core that cannot reduce CUDA tensors would fail at the first gradient: say so now.
+    message = tensor_device.device_error("use_gpu=True: the gradients", str(device))
+    if message is not None:
+        raise RuntimeError(message)
+    return device
 
 
 def _to_cpu(obj):
@@ -210,7 +225,7 @@ class LightningWorker(WorkerAdapter):
         fw: LightningSpec = spec.framework
         self.spec, self.fw, self.rank = spec, fw, rank
         self.pl = importlib.import_module(fw.package)
-        self.device = _device(spec.use_gpu)
+        self.device = _device(spec.use_gpu, local_rank, rank)
         if spec.random_seed is not None:
             torch.manual_seed(spec.random_seed + rank)
         self.module = fw.module

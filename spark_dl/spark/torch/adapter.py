@@ -14,6 +14,7 @@ the driver's dry run, on the workers and in ``transform`` alike.
 
 import dataclasses
 import io
+import os
 import threading
 from typing import Any, Dict, List, Optional
 
@@ -21,7 +22,10 @@ import numpy as np
 import torch
 
 from spark_dl.spark.common.adapter import Predictor, WorkerAdapter
+from spark_dl.spark.launch.task.devices import choose_gpu
+from spark_dl.spark.launch.task.environment import AVAILABLE_DEVICES_VAR
 from spark_dl.spark.torch import util
+from spark_dl.torch import _device as tensor_device
 
 __all__ = ["TorchSpec", "TorchWorker", "TorchPredictor", "preload_torch_dynamo"]
 
@@ -64,15 +68,40 @@ def preload_torch_dynamo() -> threading.Thread:
     return thread
 
 
-def _device(use_gpu: bool, local_rank: int) -> torch.device:
-    if use_gpu and torch.cuda.is_available():
-        from spark_dl.spark.launch.task.devices import get_available_devices
+def cuda_device_count() -> int:
+    """CUDA devices this process can use (0 without a driver, device or CUDA build)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
-        # With Spark GPU scheduling CUDA_VISIBLE_DEVICES holds only this task's GPU.
-        index = 0 if get_available_devices() else local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device("cpu")
+
+def _device(use_gpu: bool, local_rank: int, warn: bool = True, what: str = "training",
+            environ=None) -> torch.device:
+    """This process's device by :func:`~spark_dl.spark.launch.task.devices.choose_gpu`'s
+    rule (Spark's GPU, the local rank's, or the CPU), made current for CUDA."""
+    index = choose_gpu(use_gpu, local_rank, cuda_device_count(), environ, warn=warn, what=what)
+    if index is None:
+        return torch.device("cpu")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _check_core_takes(device: torch.device) -> None:
+    """Fails before training when the core cannot reduce tensors on ``device`` (a build
+    without CUDA: the first gradient allreduce would fail)."""
+    message = tensor_device.device_error("use_gpu=True: the gradients", str(device))
+    if message is not None:
+        raise RuntimeError(message)
+
+
+def _agree_on_device(sdl, device: torch.device, rank: int) -> None:
+    """Every rank trains on the same kind of device, else a clear error on every rank
+    (gradients cannot be reduced between CPU and GPU ranks)."""
+    devices = sdl.allgather_object(str(device), name="spark_dl.estimator.devices")
+    if len({d.split(":")[0] for d in devices}) > 1:
+        listing = ", ".join(f"rank {r}: {d}" for r, d in enumerate(devices))
+        raise RuntimeError(
+            f"the workers would train on different kinds of device ({listing}): with "
+            "use_gpu=True every worker needs a usable GPU (give every task one through "
+            "Spark's GPU resources), or set use_gpu=False to train on the CPUs")
 
 
 def _scale_lr(groups, factor: float) -> None:
@@ -111,7 +140,11 @@ class TorchWorker(WorkerAdapter):
 
         fw: TorchSpec = spec.framework
         self.spec, self.fw, self.sdl = spec, fw, sdl
-        self.device = _device(spec.use_gpu, local_rank)
+        # Rank 0 alone tells of a fallback to the CPU (one warning per job, not per rank).
+        self.device = _device(spec.use_gpu, local_rank, warn=rank == 0)
+        if self.device.type == "cuda":
+            _check_core_takes(self.device)
+        _agree_on_device(sdl, self.device, rank)
         if spec.random_seed is not None:
             torch.manual_seed(spec.random_seed + rank)
         model, optimizer = fw.model, fw.optimizer
@@ -236,24 +269,63 @@ class TorchWorker(WorkerAdapter):
 
 class TorchPredictor(Predictor):
     """A ``torch.nn.Module`` applied in eval mode, without gradients, ``batch_size`` rows at
-    a time (see :func:`spark_dl.spark.torch.util.predict`)."""
+    a time (see :func:`spark_dl.spark.torch.util.predict`).
 
-    def __init__(self, model: torch.nn.Module, feature_cols, input_shapes, batch_size: int):
+    With ``use_gpu`` it predicts on a GPU on the executors (never on the driver, whose
+    two-row dry run only reads the output shapes): the GPU Spark assigned to the task,
+    else the task's partition index modulo the executor's GPUs, by the rule of
+    :func:`~spark_dl.spark.launch.task.devices.choose_gpu`; on hosts without CUDA it stays
+    on the CPU, silently (transform has no worker to warn from once).
+    """
+
+    def __init__(self, model: torch.nn.Module, feature_cols, input_shapes, batch_size: int,
+                 use_gpu: bool = False):
         self.model = model
         self.feature_cols = list(feature_cols)
         self.input_shapes = input_shapes
         self.batch_size = batch_size
         self.dtype = util.model_dtype(model)
+        self.use_gpu = use_gpu
+        self.on_executor = False  # set by prepare(), which only the executors call
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["on_executor"] = False
+        return state
 
     def prepare(self) -> None:
         self.model.eval()
+        self.on_executor = True
+
+    def device(self) -> torch.device:
+        """Where this call predicts (the task's GPU may differ between the tasks that one
+        Python worker runs, so it is asked per call)."""
+        if not (self.use_gpu and self.on_executor):
+            return torch.device("cpu")
+        from pyspark import TaskContext
+
+        environ = dict(os.environ)
+        ctx = TaskContext.get()
+        local_rank = 0
+        if ctx is not None:
+            local_rank = ctx.partitionId()
+            try:
+                gpu = ctx.resources().get("gpu")
+            except Exception:  # resources() is missing in very old pyspark versions
+                gpu = None
+            environ[AVAILABLE_DEVICES_VAR] = ",".join(gpu.addresses) if gpu else ""
+        return _device(True, local_rank, warn=False, what="transform", environ=environ)
 
     def predict(self, arrays):
+        device = self.device()
+        if self.on_executor:
+            self.model.to(device)  # the executor's own copy: a no-op once it is there
         modes = [(m, m.training) for m in self.model.modules()]
         self.model.eval()
         try:
             return util.predict(self.model, arrays, self.feature_cols, self.input_shapes,
-                                self.dtype, self.batch_size)
+                                self.dtype, self.batch_size,
+                                device=None if device.type == "cpu" else device)
         finally:
             for m, mode in modes:
                 m.training = mode

@@ -238,6 +238,7 @@ class TorchEstimator(TorchEstimatorParamsAccessors, EstimatorBase):
             label_columns=self.getLabelCols(), history=result["history"], run_id=run_id,
             input_shapes=framework.input_shapes, metadata=metadata,
             batch_size=max(self.getValBatchSize() or self.getBatchSize(), 256),
+            use_gpu=self.getUseGpu(),
             prediction_kind=self.getPredictionKind() or (
                 util.prediction_kind(self._losses()) if len(self.getLabelCols()) == 1
                 else None))

@@ -50,7 +50,8 @@ class TorchModel(TorchModelParamsAccessors, ModelBase):
             raise ValueError("this TorchModel has no model: setModel(torch_module) first")
         features = self.getFeatureColumns()
         shapes = self.getInputShapes() or util.default_input_shapes(features, specs)
-        return TorchPredictor(model, features, shapes, self.getBatchSize())
+        return TorchPredictor(model, features, shapes, self.getBatchSize(),
+                              use_gpu=self.getUseGpu())
 
 
 TorchModel.__init__.__signature__ = params_signature(

@@ -3,8 +3,8 @@
 :mod:`spark_dl.spark.torch.params_accessors` (``python -m spark_dl.spark.common.params_codegen``).
 """
 
-from spark_dl.spark.common.params import (SCALE_LEARNING_RATE, ParamSpec, _callable, _callables,
-                                          _shapes)
+from spark_dl.spark.common.params import (SCALE_LEARNING_RATE, ParamSpec, _bool, _callable,
+                                          _callables, _shapes)
 
 __all__ = ["TORCH_PARAMS", "TORCH_MODEL_PARAMS"]
 
@@ -29,4 +29,8 @@ TORCH_MODEL_PARAMS = (
               pickled=True),
     ParamSpec("input_shapes", "shape of each feature column's model input", None,
               _shapes("input_shapes")),
+    ParamSpec("use_gpu", "transform() predicts on a GPU of each executor when CUDA is "
+              "available there (the GPU Spark assigned to the task, else the partition "
+              "index modulo the executor's GPUs); on the CPU otherwise", True,
+              _bool("use_gpu")),
 )

@@ -81,3 +81,15 @@ class TorchModelParamsAccessors:
     def setInputShapes(self: _P, value: Optional[List[List[int]]]) -> _P:
         """Sets ``input_shapes``: shape of each feature column's model input. Returns self."""
         return self._set(input_shapes=value)
+
+    def getUseGpu(self) -> Optional[bool]:
+        """Gets ``use_gpu``: transform() predicts on a GPU of each executor when CUDA is available
+        there (the GPU Spark assigned to the task, else the partition index modulo the executor's
+        GPUs); on the CPU otherwise."""
+        return self.getOrDefault('use_gpu')
+
+    def setUseGpu(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``use_gpu``: transform() predicts on a GPU of each executor when CUDA is available
+        there (the GPU Spark assigned to the task, else the partition index modulo the executor's
+        GPUs); on the CPU otherwise. Returns self."""
+        return self._set(use_gpu=value)

@@ -3,7 +3,9 @@
 ================================  ====================================================
 ``SDL_SPARK_DRIVER``              the driver service's endpoints, ``host:port,...``
 ``SDL_AVAILABLE_DEVICES``         the GPU addresses Spark assigned to the task
-``CUDA_VISIBLE_DEVICES``          the same, when there are any
+``CUDA_VISIBLE_DEVICES``          the same, when there are any (unless
+                                  ``SDL_SPARK_USE_LOCAL_RANK_GPU_INDEX`` is set: then
+                                  the executor's own value is kept)
 ``PYTHONPATH``                    the task's import path (pyspark, ``--py-files``)
 ================================  ====================================================
 
@@ -29,7 +31,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from spark_dl.config import knobs
 
 __all__ = ["DRIVER_VAR", "AVAILABLE_DEVICES_VAR", "PYTHON_VAR", "format_endpoints",
            "parse_endpoints", "child_environment", "device_environment"]
@@ -63,14 +67,23 @@ def child_environment(extra: Mapping[str, str], gpus: Sequence[str]) -> Dict[str
            if k not in _NOT_INHERITED and not k.startswith(_NOT_INHERITED_PREFIXES)}
     # Spark adds pyspark and --py-files archives to this process's path only.
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in sys.path if p))
-    env.update(device_environment(gpus))
-    env.update({str(k): str(v) for k, v in extra.items()})
+    extra = {str(k): str(v) for k, v in extra.items()}
+    # The knob is read where the worker will read it: the executor's environment with the
+    # job's variables (backend_env, run(env=...)) on top.
+    env.update(device_environment(gpus, {**env, **extra}))
+    env.update(extra)
     return env
 
 
-def device_environment(gpus: Sequence[str]) -> Dict[str, str]:
-    """``SDL_AVAILABLE_DEVICES``, and ``CUDA_VISIBLE_DEVICES`` when there are GPUs."""
+def device_environment(gpus: Sequence[str],
+                       environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """``SDL_AVAILABLE_DEVICES``, and ``CUDA_VISIBLE_DEVICES`` when there are GPUs.
+
+    ``CUDA_VISIBLE_DEVICES`` is not set when ``environ`` (default ``os.environ``) asks for
+    the local rank's GPU (``SDL_SPARK_USE_LOCAL_RANK_GPU_INDEX``): the worker then picks
+    among every GPU the executor sees (:func:`~spark_dl.spark.launch.task.devices.choose_gpu`).
+    """
     env = {AVAILABLE_DEVICES_VAR: ",".join(gpus)}
-    if gpus:
+    if gpus and not knobs.value("spark_use_local_rank_gpu_index", environ):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     return env

@@ -1,0 +1,97 @@
+"""Where torch tensors cross into the core, by device: the one place that knows about CUDA.
+
+CPU tensors go to the core as they are (the core reads them through ``__dlpack__``).
+A CUDA tensor crosses as a DLPack capsule taken *on the framework's current stream*:
+``tensor.__dlpack__(stream=s)`` with ``s`` the current stream's handle, so PyTorch adds
+no synchronization of its own, and ``s`` travels with the request: the core records an
+event on ``s`` and its streams wait on that event before reading (no device-wide
+synchronize), and a completed handle's result is ready on the framework's stream. Results
+come back as DLPack capsules on the tensor's device and are wrapped with
+``torch.from_dlpack`` without a copy.
+
+Until the core reports that it takes CUDA tensors (:func:`core_cuda_support`), a CUDA
+tensor is refused here with one error naming the tensor, its device and what to do.
+Other devices (``mps``, ``xpu``, ``meta`` ...) are always refused: the core has no path
+for them.
+
+DLPack's stream numbering for CUDA: 1 is the legacy default stream (0 is ambiguous and
+not allowed), 2 the per-thread default stream, anything else a ``cudaStream_t``; -1 asks
+the producer for no synchronization at all.
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+from spark_dl import _core
+from spark_dl.common.exceptions import InvalidArgumentError
+
+__all__ = ["core_cuda_support", "device_error", "check_device", "dlpack_stream",
+           "export_cuda"]
+
+# The core's run-time answer to "can you take CUDA tensors now" (CUDA and NCCL loaded, a
+# device present). The native side names it; until it exists, build_info()["cuda"] alone
+# cannot say yes, since the enqueue path still takes CPU memory only.
+_RUNTIME_QUERY = "cuda_usable"
+
+
+def core_cuda_support() -> Tuple[bool, str]:
+    """(whether the core takes CUDA tensors, why not when it does not)."""
+    info = _core.build_info()
+    if not info.get("cuda"):
+        return False, ("this spark_dl build has no CUDA support (it was built without the "
+                       "CUDA toolkit and NCCL)")
+    query = getattr(_core, _RUNTIME_QUERY, None)
+    if query is None:
+        return False, ("this spark_dl core was built with CUDA but does not accept CUDA "
+                       "tensors yet")
+    if query():
+        return True, ""
+    return False, ("the core cannot use CUDA on this host (no driver or device, or "
+                   "libcudart/libnccl not found)")
+
+
+def device_error(what: str, device: str, name: Optional[str] = None,
+                 support: Optional[Tuple[bool, str]] = None) -> Optional[str]:
+    """The message refusing a tensor on ``device`` (e.g. ``"cuda:1"``), or None when the
+    core takes it. ``support`` defaults to :func:`core_cuda_support` (asked only for CUDA
+    tensors)."""
+    kind = device.split(":", 1)[0]
+    label = f"{what} ({name!r})" if name else what
+    if kind == "cpu":
+        return None
+    if kind == "cuda":
+        ok, why = support if support is not None else core_cuda_support()
+        if ok:
+            return None
+        return (f"{label} is on {device}, but {why}. Rebuild spark_dl where the CUDA toolkit "
+                "(nvcc) and the NCCL headers are present (docs/gpu.md), or move the tensor to "
+                "the CPU (tensor.cpu(); estimators: use_gpu=False)")
+    return (f"{label} is on {device}; spark_dl's core takes CPU and CUDA tensors only: move "
+            "it to the CPU (tensor.cpu()) or to a CUDA device")
+
+
+def check_device(tensor: torch.Tensor, what: str = "tensor", name: Optional[str] = None) -> None:
+    """Raises :class:`InvalidArgumentError` when the core cannot take ``tensor``'s device."""
+    if tensor.device.type == "cpu":
+        return
+    message = device_error(what, str(tensor.device), name)
+    if message is not None:
+        raise InvalidArgumentError(message)
+
+
+def dlpack_stream(device: torch.device) -> int:
+    """The DLPack stream number of PyTorch's current stream on CUDA ``device``."""
+    handle = torch.cuda.current_stream(device).cuda_stream
+    return 1 if handle == 0 else handle  # the legacy default stream is 1 in DLPack
+
+
+def export_cuda(tensor: torch.Tensor):
+    """(DLPack capsule of CUDA ``tensor``, the stream number it is valid on).
+
+    The capsule is taken on the current stream, so PyTorch inserts no wait; the core must
+    order its reads after that stream's pending work (event record + wait), and must not
+    use the memory after the handle completes unless the caller keeps ``tensor`` alive.
+    """
+    stream = dlpack_stream(tensor.device)
+    return tensor.__dlpack__(stream=stream), stream
