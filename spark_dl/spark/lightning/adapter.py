@@ -197,7 +197,7 @@ def _device(use_gpu: bool, local_rank: int, rank: int) -> torch.device:
         return torch.device("cpu")
     device = torch.device("cuda", index)
     # A core that cannot reduce CUDA tensors would fail at the first gradient: say so now.
-    message = tensor_device.device_error("use_gpu=True: the gradients", str(device))
+    message = tensor_device.device_error("use_gpu=True: the model", str(device))
     if message is not None:
         raise RuntimeError(message)
     return device

@@ -87,7 +87,7 @@ def _device(use_gpu: bool, local_rank: int, warn: bool = True, what: str = "trai
 def _check_core_takes(device: torch.device) -> None:
     """Fails before training when the core cannot reduce tensors on ``device`` (a build
     without CUDA: the first gradient allreduce would fail)."""
-    message = tensor_device.device_error("use_gpu=True: the gradients", str(device))
+    message = tensor_device.device_error("use_gpu=True: the model", str(device))
     if message is not None:
         raise RuntimeError(message)
 

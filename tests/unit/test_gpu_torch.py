@@ -1,0 +1,201 @@
+"""The torch side of GPU support that a CPU host can check honestly.
+
+- :mod:`spark_dl.torch._device`: which devices the core takes, and the one error for the
+  others (checked with real non-CPU tensors where the host has them, ``meta``; CUDA's
+  message from its function, fed the core's answer, since no CUDA tensor exists here);
+- the torch estimator's device choice: fallback to the CPU, the agreement across ranks
+  (a fake ``allgather_object`` stands for the other ranks), the early error when the core
+  cannot reduce CUDA tensors;
+- ``TorchModel.transform``'s predictor: on the driver always the CPU; on an executor the
+  task's GPU from a (fake) ``TaskContext``, the CPU on this host.
+"""
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import spark_dl.torch as hvd
+from spark_dl import _core
+from spark_dl.spark.launch.task import devices
+from spark_dl.spark.launch.task.devices import GpuFallbackWarning, GpuNotVisibleError
+from spark_dl.torch import _device
+
+pytestmark = pytest.mark.timeout(60)
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(),
+                             reason="checks the CPU-host behaviour; this host has CUDA")
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    for var in ("SDL_SPARK_USE_LOCAL_RANK_GPU_INDEX", "HOROVOD_SPARK_USE_LOCAL_RANK_GPU_INDEX",
+                "SDL_AVAILABLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    devices._warned.clear()
+    yield
+    devices._warned.clear()
+
+
+# ----------------------------------------------------------------------------- the core side
+
+def test_core_cuda_support_agrees_with_the_build():
+    ok, why = _device.core_cuda_support()
+    if not _core.build_info()["cuda"]:
+        assert not ok and "no CUDA support" in why
+    if ok:
+        assert why == ""
+
+
+def test_cuda_refusal_names_tensor_device_and_what_to_do():
+    text = _device.device_error("tensors[2]", "cuda:1", "grad.fc.weight",
+                                support=(False, "this spark_dl build has no CUDA support"))
+    assert text.startswith("tensors[2] ('grad.fc.weight') is on cuda:1, but this spark_dl "
+                           "build has no CUDA support.")
+    assert "nvcc" in text and "NCCL" in text and "tensor.cpu()" in text
+    assert "use_gpu=False" in text and "docs/gpu.md" in text
+    assert _device.device_error("tensor", "cuda:0", support=(True, "")) is None
+    assert _device.device_error("tensor", "cpu") is None
+
+
+def test_other_devices_are_refused_whatever_the_core_supports():
+    text = _device.device_error("tensor", "mps:0", support=(True, ""))
+    assert "is on mps:0" in text and "CPU and CUDA tensors only" in text
+
+
+def test_meta_tensor_is_refused_before_anything_is_enqueued():
+    hvd.init()
+    try:
+        ok = torch.ones(3)
+        with pytest.raises(hvd.InvalidArgumentError, match=r"tensors\[1\] is on meta"):
+            hvd.grouped_allreduce([ok, torch.ones(3, device="meta")], name="g")
+        # Nothing of the group was enqueued: the next collective completes at once.
+        assert torch.equal(hvd.allreduce(ok, op=hvd.Sum, name="after"), ok)
+    finally:
+        hvd.shutdown()
+
+
+@no_cuda
+def test_cuda_stream_helpers_need_cuda():
+    with pytest.raises((RuntimeError, AssertionError)):
+        _device.dlpack_stream(torch.device("cuda", 0))
+
+
+# ----------------------------------------------------------------------------- estimator side
+
+class FakeRanks:
+    """allgather_object as N ranks would answer it."""
+
+    def __init__(self, devices_of_ranks):
+        self.devices = list(devices_of_ranks)
+
+    def allgather_object(self, obj, name=None):
+        assert name == "spark_dl.estimator.devices"
+        return self.devices
+
+
+def test_ranks_must_agree_on_the_kind_of_device():
+    from spark_dl.spark.torch.adapter import _agree_on_device
+
+    _agree_on_device(FakeRanks(["cpu", "cpu"]), torch.device("cpu"), 0)
+    _agree_on_device(FakeRanks(["cuda:0", "cuda:1"]), torch.device("cuda", 0), 0)
+    with pytest.raises(RuntimeError, match=r"rank 0: cuda:0, rank 1: cpu.*use_gpu=False"):
+        _agree_on_device(FakeRanks(["cuda:0", "cpu"]), torch.device("cpu"), 1)
+
+
+@no_cuda
+def test_torch_estimator_device_falls_back_once():
+    from spark_dl.spark.torch.adapter import _device as choose
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert choose(True, 0) == torch.device("cpu")
+        assert choose(True, 0) == torch.device("cpu")
+        assert choose(False, 0) == torch.device("cpu")
+    assert [w.category for w in seen] == [GpuFallbackWarning]
+
+
+@no_cuda
+def test_lightning_estimator_device_uses_the_same_rule(monkeypatch):
+    pytest.importorskip("lightning")
+    from spark_dl.spark.lightning.adapter import _device as choose
+
+    with pytest.warns(GpuFallbackWarning):
+        assert choose(True, 0, 0) == torch.device("cpu")
+    monkeypatch.setenv("SDL_AVAILABLE_DEVICES", "0")
+    with pytest.raises(GpuNotVisibleError, match="Spark assigned GPU"):
+        choose(True, 0, 1)
+
+
+def test_core_without_cuda_fails_before_training():
+    from spark_dl.spark.torch.adapter import _check_core_takes
+
+    _check_core_takes(torch.device("cpu"))
+    if not _device.core_cuda_support()[0]:
+        with pytest.raises(RuntimeError, match="use_gpu=True: the model is on cuda:0, but"):
+            _check_core_takes(torch.device("cuda", 0))
+
+
+# ----------------------------------------------------------------------------- transform side
+
+class FakeResource:
+    def __init__(self, addresses):
+        self.addresses = addresses
+
+
+class FakeTaskContext:
+    def __init__(self, partition, gpus):
+        self._partition, self._gpus = partition, gpus
+
+    def partitionId(self):
+        return self._partition
+
+    def resources(self):
+        return {"gpu": FakeResource(self._gpus)} if self._gpus else {}
+
+
+def predictor(use_gpu=True):
+    from spark_dl.spark.torch.adapter import TorchPredictor
+
+    torch.manual_seed(0)
+    return TorchPredictor(torch.nn.Linear(3, 2), ["x"], [[-1, 3]], 4, use_gpu=use_gpu)
+
+
+def test_predictor_on_the_driver_stays_on_the_cpu():
+    p = predictor()
+    assert p.device() == torch.device("cpu")
+    out = p.predict({"x": np.ones((5, 3), dtype=np.float32)})
+    assert out[0].shape == (5, 2)
+    p.prepare()
+    assert p.on_executor
+    assert pickle.loads(pickle.dumps(p)).on_executor is False  # a copy is for a new process
+
+
+@no_cuda
+def test_predictor_on_a_cpu_executor(monkeypatch):
+    pyspark = pytest.importorskip("pyspark")
+    p = predictor()
+    p.prepare()
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: FakeTaskContext(3, [])))
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # transform falls back silently
+        assert p.device() == torch.device("cpu")
+        got = p.predict({"x": x})[0]
+    np.testing.assert_allclose(got, p.model(torch.from_numpy(x)).detach().numpy(), rtol=1e-6)
+    # Spark gave this task a GPU that the executor's Python cannot see: a clear error.
+    monkeypatch.setattr(pyspark.TaskContext, "get",
+                        staticmethod(lambda: FakeTaskContext(0, ["0"])))
+    with pytest.raises(GpuNotVisibleError, match="run transform on the CPU with use_gpu=False"):
+        p.predict({"x": x})
+    assert predictor(use_gpu=False).device() == torch.device("cpu")
+
+
+def test_torch_model_carries_use_gpu():
+    pytest.importorskip("pyspark")
+    from spark_dl.spark.torch import TorchModel
+
+    model = TorchModel(model=torch.nn.Linear(3, 1), feature_columns=["x"], input_shapes=[[-1, 3]])
+    assert model.getUseGpu() is True
+    assert model.setUseGpu(False)._predictor({"x": {}}).use_gpu is False
