@@ -100,6 +100,9 @@ class _Pending:
         self.deadline = deadline  # of the first frame (its body extends it)
 
 
+_WAKE = object()  # selector data of the stop() wake-up socket
+
+
 class ServiceServer:
     """Serves authenticated requests on the given addresses.
 
@@ -153,6 +156,9 @@ class ServiceServer:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        # stop() writes a byte here so that the accept loop leaves select() at once
+        # (its timeout only paces the expiry of unauthenticated connections).
+        self._wake: Optional[Tuple[socket.socket, socket.socket]] = None
         self.endpoints: List[Endpoint] = []
         self.rejected = 0  # frames refused (bad header/tag, replay, truncation, stall)
 
@@ -187,6 +193,9 @@ class ServiceServer:
             sock.setblocking(False)
             self._listeners.append(sock)
             self.endpoints.append((host, sock.getsockname()[1]))
+        self._wake = socket.socketpair()
+        for end in self._wake:
+            end.setblocking(False)
         self._thread = threading.Thread(target=self._accept_loop,
                                         name=f"sdl-{self.name}-service", daemon=True)
         self._thread.start()
@@ -195,8 +204,17 @@ class ServiceServer:
     def stop(self) -> None:
         """Stops accepting, closes open connections; safe to call twice."""
         self._stopping.set()
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            try:
+                wake[1].send(b"x")
+            except OSError:
+                pass
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        if wake is not None:
+            for end in wake:
+                end.close()
         for sock in self._listeners:
             sock.close()
         self._listeners = []
@@ -232,8 +250,13 @@ class ServiceServer:
 
             for sock in self._listeners:
                 selector.register(sock, selectors.EVENT_READ, None)
+            wake = self._wake
+            if wake is not None:
+                selector.register(wake[0], selectors.EVENT_READ, _WAKE)
             while not self._stopping.is_set():
                 for key, _ in selector.select(timeout=0.1):
+                    if key.data is _WAKE:
+                        continue  # stop() woke us: the loop condition ends it
                     if key.data is None:
                         self._accept(key.fileobj, selector, pending, drop)
                     else:

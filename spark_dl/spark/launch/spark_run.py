@@ -16,6 +16,7 @@ The flow (see ``docs/spark.md``):
 
 from __future__ import annotations
 
+import logging
 import secrets
 import sys
 import threading
@@ -37,7 +38,12 @@ from spark_dl.spark.launch.network import driver_addresses
 from spark_dl.spark.launch.service import ServiceClient, log_to_stderr
 from spark_dl.spark.launch.task.main import TaskMain, TaskSettings
 
-__all__ = ["run", "select_launcher"]
+__all__ = ["run", "select_launcher", "PHASES"]
+
+#: The phases of one run, in order, as logged (see :class:`_Phases`).
+PHASES = ("checked", "services", "submitted", "registered", "launched", "code_fetched",
+          "results", "exited", "job_ended", "returned")
+_log = logging.getLogger("spark_dl.spark.run")
 
 KILL_GRACE_S = 3.0
 # Bounds of the clean-up after a failure: stop the workers, then the Spark job.
@@ -91,6 +97,45 @@ def _spark_context():
 
     use_driver_python(sc)
     return sc
+
+
+class _Phases:
+    """Where the seconds of one run go: when each phase ended, in seconds from the call.
+
+    ``checked`` (function pickled, context and slots checked), ``services`` (driver
+    service and rendezvous server up), ``submitted`` (barrier job handed to Spark),
+    ``registered`` (every task service registered: Spark scheduled the tasks and their
+    Python workers started), ``launched`` (every task service started its worker
+    process), ``code_fetched`` (every worker process was up and fetched the function),
+    ``results`` (every rank posted its result), ``exited`` (every worker's exit was
+    reported), ``job_ended`` (the Spark job finished), ``returned`` (run returns).
+
+    At the end of every run (failed ones too) they go to the ``spark_dl.spark.run``
+    logger as one DEBUG record whose ``phases`` attribute is the dict, and with
+    ``verbose >= 2`` to the run's stderr: a benchmark or a user asking "where did the
+    seconds go" reads them without a setting.
+    """
+
+    def __init__(self):
+        self.start = time.monotonic()
+        self.marks: dict = {}
+
+    def mark(self, name: str, at: Optional[float] = None) -> None:
+        self.marks[name] = round((time.monotonic() if at is None else at) - self.start, 4)
+
+    def report(self, out: "_Output", verbose: int, driver: Optional["DriverService"],
+               job_id: str) -> dict:
+        if driver is not None:
+            for name, at in driver.times().items():
+                self.mark(name, at)
+        self.mark("returned")
+        phases = {k: self.marks[k] for k in PHASES if k in self.marks}
+        text = " ".join(f"{k}={v:.3f}" for k, v in phases.items())
+        _log.debug("job %s phases (s from the call): %s", job_id, text,
+                   extra={"phases": phases, "job_id": job_id})
+        if verbose >= 2:
+            out.log(f"job {job_id} phases (s from the call): {text}")
+        return phases
 
 
 class _Output:
@@ -159,6 +204,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         StartTimeoutError: tasks did not register within ``start_timeout``.
         RunError: the job could not start for another reason.
     """
+    phases = _Phases()
     launcher = select_launcher(use_mpi, use_gloo, extra_mpi_args)
     # Before any work: a function that cannot travel is named with what holds it back.
     code = pickling.dumps_call(fn, tuple(args), dict(kwargs or {}), "spark_dl.spark.run")
@@ -168,6 +214,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         raise ValueError(f"num_proc must be at least 1, got {num_proc}")
     timeout = _start_timeout(start_timeout)
     check_slots(sc, num_proc, wait_s=timeout)
+    phases.mark("checked")
     out = _Output(stdout, stderr)
     job_id = secrets.token_hex(8)
     secret = make_secret()
@@ -179,6 +226,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
     try:
         driver.start()
         kv_port = kv.start()
+        phases.mark("services")
         endpoints = [(host, port) for host, (_, port) in zip(advertised, driver.server.endpoints)]
         settings = TaskSettings(job_id, secret, endpoints, timeout, nics=list(nics or []) or None,
                                 verbose=verbose, prefix_timestamp=prefix_output_with_timestamp,
@@ -189,21 +237,28 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
             out.log(f"job {job_id}: {num_proc} workers ({launcher.name}), driver service at "
                     f"{endpoints}, rendezvous at {advertised[0]}:{kv_port}")
         job.start()
-        return _Run(driver, job, launcher, out, verbose, job_id).execute(
+        phases.mark("submitted")
+        return _Run(driver, job, launcher, out, verbose, job_id, phases).execute(
             LaunchContext(job_id, secret, [], endpoints, (advertised[0], kv_port), timeout,
                           dict(env or {}), {}, driver=driver, write_output=out.write,
                           prefix_timestamp=prefix_output_with_timestamp, verbose=verbose,
                           nics=list(nics or []) or None, kill_grace=KILL_GRACE_S))
     finally:
-        kv.stop()
+        # The rendezvous server's stop waits for its serve loop's next poll (up to
+        # 0.1 s): overlapped with the driver service's stop, which returns at once.
+        stopper = threading.Thread(target=kv.stop, name="sdl-kvstore-stop", daemon=True)
+        stopper.start()
         driver.stop()
+        stopper.join()
+        phases.report(out, verbose, driver, job_id)
 
 
 class _Run:
     """The driver thread's part of one job, from registration to the clean-up."""
 
     def __init__(self, driver: DriverService, job: SparkJob, launcher: Launcher, out: _Output,
-                 verbose: int, job_id: str):
+                 verbose: int, job_id: str, phases: _Phases):
+        self.phases = phases
         self.driver = driver
         self.job = job
         self.launcher = launcher
@@ -246,6 +301,7 @@ class _Run:
                              f"-> task {p.task.index} on {p.task.hostname} "
                              f"{p.task.endpoints} gpus={p.task.gpus}")
         self.launcher.start(ctx)
+        self.phases.mark("launched")
         failures = self.driver.wait_for_outcome(self.job.problem)
         if failures:
             raise self._error(failures)
@@ -255,6 +311,7 @@ class _Run:
             self.out.log("warning: workers or Spark tasks did not end after returning their "
                          "results; cancelling the Spark job")
             self.job.cancel()
+        self.phases.mark("job_ended")
         loads = pickling.pickler().loads
         return [loads(b) for b in blobs]
 

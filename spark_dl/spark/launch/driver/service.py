@@ -129,6 +129,10 @@ class DriverService:
         self._stopping = False
         self._ended = False  # the launcher reported that every rank's process ended
         self._lost: Dict[int, float] = {}  # task index -> when its connection closed
+        self._fetched: set = set()  # ranks that fetched the function
+        # When each stage of the job was complete on every task or rank (monotonic
+        # seconds): "registered", "code_fetched", "results", "exited" (see times()).
+        self._times: Dict[str, float] = {}
         self.server = ServiceServer("driver", secret, {
             "register": self._register, "task_failed": self._task_failed,
             "ping": self._ping, "code": self._get_code, "result": self._result,
@@ -167,6 +171,8 @@ class DriverService:
                                       "executor of this job failed; see the executor logs)"))
                 return {"accepted": False}
             self._registrations[index] = reg  # a retry before launch replaces the first
+            if len(self._registrations) == self.num_proc:
+                self._times.setdefault("registered", time.monotonic())
             self._cond.notify_all()
         return {"accepted": True}
 
@@ -219,12 +225,18 @@ class DriverService:
 
     def _get_code(self, rank: int) -> dict:
         self._check_rank(rank)
+        with self._cond:
+            self._fetched.add(rank)
+            if len(self._fetched) == self.num_proc:
+                self._times.setdefault("code_fetched", time.monotonic())
         return {**self._code, "env": self._worker_env.get(rank, {})}
 
     def _result(self, rank: int, value: bytes) -> None:
         self._check_rank(rank)
         with self._cond:
             self._results[rank] = value
+            if len(self._results) == self.num_proc:
+                self._times.setdefault("results", time.monotonic())
             self._cond.notify_all()
 
     def _error(self, rank: int, exc_type: str, summary: str, traceback: str,
@@ -243,6 +255,8 @@ class DriverService:
         self._check_rank(rank)
         with self._cond:
             self._exits[rank] = code
+            if len(self._exits) == self.num_proc:
+                self._times.setdefault("exited", time.monotonic())
             reg = self._registrations.get(index)
             where = f" on {reg.hostname}" if reg else ""
             if rank in self._results:
@@ -372,6 +386,15 @@ class DriverService:
                             self._failures.append(Failure(2, text))
                         continue
                 self._cond.wait(0.05)
+
+    def times(self) -> Dict[str, float]:
+        """When each stage was complete for every task or rank (``time.monotonic()``):
+        ``registered`` (every task service registered), ``code_fetched`` (every worker
+        process was up and fetched the function), ``results`` (every rank posted its
+        result), ``exited`` (every worker's exit was reported). Stages not reached are
+        absent."""
+        with self._cond:
+            return dict(self._times)
 
     def results(self) -> List[bytes]:
         with self._cond:
