@@ -182,6 +182,7 @@ class WorkerGroup:
         result = 0
         kill_at: Optional[float] = None
         signals_seen = 0
+        finished = []  # ranks that exited 0 before any failure
         while self._running:
             try:
                 rank, rc = self._exits.get(timeout=_POLL_S)
@@ -190,12 +191,16 @@ class WorkerGroup:
             if rank is not None:
                 self._reaped(rank)
                 spec = self._specs[rank]
-                if rc != 0 and first_failure is None and stop_reason is None:
+                first = rc != 0 and first_failure is None and stop_reason is None
+                if rc == 0 and first_failure is None and spec.demux is None:
+                    finished.append(rank)
+                if first:
                     first_failure = (rank, rc)
                     result = exit_code(rc)
                     what = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
                     if spec.report_failure:
                         self.log(self._hung_cause() + f"{spec.describe()} failed with {what}"
+                                 + _after_finished(finished, spec)
                                  + ("; stopping the other workers" if self._running else ""))
                 elif self._verbose:
                     self.log(f"{spec.describe()} exited with code {exit_code(rc)}")
@@ -291,6 +296,20 @@ class WorkerGroup:
                     pass
 
 
+def _after_finished(finished: Sequence[int], spec: WorkerSpec) -> str:
+    """A note for a rank that failed after others had finished: if its error is a
+    ShutdownError, the others' shutdown is its cause (it called a collective they never
+    called), not a second failure."""
+    if not finished or spec.demux is not None:
+        return ""
+    ranks = sorted(finished)
+    names = (f"rank {ranks[0]} had" if len(ranks) == 1 else
+             "ranks " + ", ".join(map(str, ranks)) + " had")
+    return (f" after {names} finished with exit code 0 (if it raised ShutdownError, it "
+            "called a collective that its finished peers never called: every rank must call "
+            "the same collectives, in the same order)")
+
+
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:
     """Signals the worker's whole process group (its pid: it leads its own session); a
     SIGKILL also reaches the rest of its session."""
@@ -300,4 +319,3 @@ def _signal_group(proc: subprocess.Popen, signum: int) -> None:
         pass
     if signum == signal.SIGKILL:
         kill_session(proc.pid)
-

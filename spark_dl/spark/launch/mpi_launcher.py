@@ -238,7 +238,8 @@ class MpiLauncher(Launcher):
         options = LaunchOptions(controller="mpi", mpirun=self._mpirun,
                                 mpi_args=spark_mpi_args(self._extra, ctx.nics, addresses,
                                                         single_host=len(hosts) == 1),
-                                ssh_command=(sys.executable, "-m", "spark_dl.spark.launch.rsh_agent"))
+                                ssh_command=(sys.executable, "-m",
+                                             "spark_dl.spark.launch.rsh_agent"))
         # The executor's interpreter (the task's, in the daemon's environment) runs the
         # bootstrap; the job id is hex, safe inside the shell line.
         command = ["/bin/sh", "-c", f'exec "${PYTHON_VAR}" -m spark_dl.spark.launch.task.worker '

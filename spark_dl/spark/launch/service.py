@@ -55,8 +55,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from spark_dl.rendezvous.admission import (DEFAULT_AUTH_DEADLINE_S, DEFAULT_PER_PEER,
                                            DEFAULT_TOTAL, PendingConnections)
 from spark_dl.rendezvous.frames import (HEADER_BYTES, Deadline, FrameClosed, FrameHeader,
-                                        FrameTimeout, header_nonce, open_header, read_body, read_frame,
-                                        seal_frame)
+                                        FrameTimeout, header_nonce, open_header, read_body,
+                                        read_frame, seal_frame)
 from spark_dl.rendezvous.secret import (AuthenticationError, ReplayError, ReplayGuard,
                                         new_nonce, now_ms)
 

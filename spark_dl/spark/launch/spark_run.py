@@ -30,6 +30,7 @@ from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.spark.launch import pickling
 from spark_dl.spark.launch.driver.job import SparkJob
 from spark_dl.spark.launch.driver.plan import plan_ranks
+from spark_dl.spark.launch.driver.report import failure_report
 from spark_dl.spark.launch.driver.service import DriverService, Failure
 from spark_dl.spark.launch.driver.slots import check_slots
 from spark_dl.spark.launch.errors import RunError, WorkerFailedError
@@ -317,16 +318,11 @@ class _Run:
 
     def _error(self, failures: List[Failure]) -> RunError:
         root = failures[0]
-        others = [f.summary for f in failures[1:]]
-        message = root.summary
-        if root.traceback:
-            message += "\n\nRemote traceback:\n" + root.traceback.rstrip()
-        if others:
-            message += "\n\nAlso failed:\n  " + "\n  ".join(others)
+        message, lines = failure_report(failures, self.driver.finished_ranks())
         if root.rank is None:
             return RunError(message, self.job_id)
         error = WorkerFailedError(message, root.rank, root.traceback, root.exit_code,
-                                  [f.summary for f in failures], self.job_id)
+                                  lines, self.job_id)
         if root.exception is not None:
             try:
                 error.__cause__ = pickling.pickler().loads(root.exception)

@@ -36,8 +36,11 @@ from spark_dl.spark.launch.service import Endpoint, ServiceServer
 
 __all__ = ["DriverService", "Registration", "Failure"]
 
-# Exceptions a rank raises because another rank failed first: never the root cause.
-_CONSEQUENCES = ("PeerFailureError", "ShutdownError", "HorovodInternalError")
+# Exceptions a rank raises because another rank failed (or finished) first: never the
+# root cause while another failure is known. Matched on the exception type's name (its
+# message wording belongs to the core and may change).
+CONSEQUENCES = ("PeerFailureError", "ShutdownError", "HorovodInternalError")
+CONSEQUENCE_PRIORITY = 3
 # After the first failure, wait this long for the other ranks' reports, so the root
 # cause (e.g. a killed rank) wins over its consequences (peers that lost it).
 SETTLE_S = 1.0
@@ -84,6 +87,16 @@ class Failure:
     exit_code: Optional[int] = None
     exception: Optional[bytes] = None
     at: float = field(default_factory=time.monotonic)
+    # For an exception: "ShutdownError: spark_dl has been shut down" (its type's name
+    # and message, without the "rank N raised" of the summary).
+    detail: Optional[str] = None
+
+    @property
+    def consequence(self) -> bool:
+        """Whether this is an exception a rank raises because another rank failed or
+        finished first (:data:`CONSEQUENCES`): never the root cause of a job's failure
+        while another failure is known."""
+        return self.priority == CONSEQUENCE_PRIORITY
 
 
 def describe_exit(code: int) -> str:
@@ -242,11 +255,14 @@ class DriverService:
     def _error(self, rank: int, exc_type: str, summary: str, traceback: str,
                exception: Optional[bytes]) -> None:
         self._check_rank(rank)
-        consequence = exc_type.rsplit(".", 1)[-1] in _CONSEQUENCES
+        name = exc_type.rsplit(".", 1)[-1]
+        prefix = f"rank {rank} raised "
+        detail = summary[len(prefix):] if summary.startswith(prefix) else summary
         with self._cond:
             self._errors.add(rank)
-            self._fail(Failure(3 if consequence else 0, summary, rank=rank,
-                               traceback=traceback, exception=exception))
+            self._fail(Failure(CONSEQUENCE_PRIORITY if name in CONSEQUENCES else 0, summary,
+                               rank=rank, traceback=traceback, exception=exception,
+                               detail=detail))
 
     def _output(self, stream: str, data: bytes) -> None:
         self._write_output("stderr" if stream == "stderr" else "stdout", data)
@@ -340,7 +356,7 @@ class DriverService:
                 failure = None
             if failure is not None:
                 self._fail(failure)
-            elif missing and all(f.priority >= 3 for f in self._failures):
+            elif missing and all(f.consequence for f in self._failures):
                 what = f"ended with {describe_exit(code)}" if code else "ended"
                 self._fail(Failure(1, f"the workers' job {what} before ranks {missing} "
                                       "returned a result", rank=missing[0],
@@ -367,11 +383,16 @@ class DriverService:
             while True:
                 self._check_lost()
                 if self._failures:
-                    wait = (consequence_settle_s
-                            if all(f.priority >= 3 for f in self._failures) else settle_s)
+                    only_consequences = all(f.consequence for f in self._failures)
+                    wait = consequence_settle_s if only_consequences else settle_s
                     settled = time.monotonic() >= self._failures[0].at + wait
                     accounted = all(r in self._exits for r in range(self.num_proc))
-                    if settled or accounted:
+                    # Every rank posted its result or its exception: no cause is still
+                    # on its way (a rank that calls a collective after its peers
+                    # returned fails alone, with ShutdownError).
+                    reported = only_consequences and all(
+                        r in self._results or r in self._errors for r in range(self.num_proc))
+                    if settled or accounted or reported:
                         return sorted(self._failures, key=lambda f: (f.priority, f.at))
                 elif len(self._results) == self.num_proc:
                     return []
@@ -395,6 +416,11 @@ class DriverService:
         absent."""
         with self._cond:
             return dict(self._times)
+
+    def finished_ranks(self) -> List[int]:
+        """The ranks that posted their result, in order."""
+        with self._cond:
+            return sorted(self._results)
 
     def results(self) -> List[bytes]:
         with self._cond:
