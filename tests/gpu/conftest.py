@@ -36,4 +36,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if str(item.fspath).startswith(HERE + os.sep):
             item.add_marker(skip)
-
