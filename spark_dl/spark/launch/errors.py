@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 __all__ = ["RunError", "WorkerFailedError", "NotEnoughSlotsError", "StartTimeoutError",
-           "MpiNotBuiltError"]
+           "MpiNotBuiltError", "ExecutorPythonError"]
 
 
 class RunError(RuntimeError):
@@ -56,3 +56,18 @@ class StartTimeoutError(RunError, TimeoutError):
 class MpiNotBuiltError(NotImplementedError):
     """``use_mpi=True`` was asked for, but MPI cannot be used from here: Open MPI's
     ``mpirun`` is not on the driver's ``PATH``, or spark_dl was built without MPI."""
+
+
+class ExecutorPythonError(RunError):
+    """The Spark executors' Python cannot run spark_dl (it lacks spark_dl, cloudpickle or
+    the native core, or cannot run a PySpark task at all); found by a small job before
+    the real one (:mod:`spark_dl.spark.launch.executor_probe`).
+
+    Attributes:
+        python: the executors' interpreter (``sys.executable`` as they reported it, else
+            the path the driver asked for).
+    """
+
+    def __init__(self, message: str, job_id: Optional[str] = None, python: str = ""):
+        super().__init__(message, job_id)
+        self.python = python

@@ -34,6 +34,7 @@ from spark_dl.spark.launch.driver.report import failure_report
 from spark_dl.spark.launch.driver.service import DriverService, Failure
 from spark_dl.spark.launch.driver.slots import check_slots
 from spark_dl.spark.launch.errors import RunError, WorkerFailedError
+from spark_dl.spark.launch.executor_probe import check_executor_python
 from spark_dl.spark.launch.launcher import GlooLauncher, Launcher, LaunchContext
 from spark_dl.spark.launch.network import driver_addresses
 from spark_dl.spark.launch.service import ServiceClient, log_to_stderr
@@ -42,7 +43,7 @@ from spark_dl.spark.launch.task.main import TaskMain, TaskSettings
 __all__ = ["run", "select_launcher", "PHASES"]
 
 #: The phases of one run, in order, as logged (see :class:`_Phases`).
-PHASES = ("checked", "services", "submitted", "registered", "launched", "code_fetched",
+PHASES = ("checked", "probed", "services", "submitted", "registered", "launched", "code_fetched",
           "results", "exited", "job_ended", "returned")
 _log = logging.getLogger("spark_dl.spark.run")
 
@@ -103,7 +104,9 @@ def _spark_context():
 class _Phases:
     """Where the seconds of one run go: when each phase ended, in seconds from the call.
 
-    ``checked`` (function pickled, context and slots checked), ``services`` (driver
+    ``checked`` (function pickled, context and slots checked), ``probed`` (the executors'
+    Python checked: :mod:`~spark_dl.spark.launch.executor_probe`; no job on local masters
+    running this interpreter, nor after a check that passed), ``services`` (driver
     service and rendezvous server up), ``submitted`` (barrier job handed to Spark),
     ``registered`` (every task service registered: Spark scheduled the tasks and their
     Python workers started), ``launched`` (every task service started its worker
@@ -111,10 +114,10 @@ class _Phases:
     ``results`` (every rank posted its result), ``exited`` (every worker's exit was
     reported), ``job_ended`` (the Spark job finished), ``returned`` (run returns).
 
-    At the end of every run (failed ones too) they go to the ``spark_dl.spark.run``
-    logger as one DEBUG record whose ``phases`` attribute is the dict, and with
-    ``verbose >= 2`` to the run's stderr: a benchmark or a user asking "where did the
-    seconds go" reads them without a setting.
+    At the end of every run that started its services (failed ones too) they go to the
+    ``spark_dl.spark.run`` logger as one DEBUG record whose ``phases`` attribute is the
+    dict, and with ``verbose >= 2`` to the run's stderr: a benchmark or a user asking
+    "where did the seconds go" reads them without a setting.
     """
 
     def __init__(self):
@@ -203,6 +206,9 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         MpiNotBuiltError: ``use_mpi=True`` without Open MPI's ``mpirun`` on the driver,
             or with a spark_dl build without MPI.
         StartTimeoutError: tasks did not register within ``start_timeout``.
+        ExecutorPythonError: the executors' Python cannot import spark_dl (checked by a
+            small job before the barrier job, where the executors may not run this
+            interpreter); names their Python and what to set.
         RunError: the job could not start for another reason.
     """
     phases = _Phases()
@@ -216,6 +222,10 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
     timeout = _start_timeout(start_timeout)
     check_slots(sc, num_proc, wait_s=timeout)
     phases.mark("checked")
+    # Executors whose Python lacks spark_dl: one clear error now, not a page of traces
+    # from the barrier job (no job on local masters running this interpreter).
+    check_executor_python(sc, timeout)
+    phases.mark("probed")
     out = _Output(stdout, stderr)
     job_id = secrets.token_hex(8)
     secret = make_secret()
