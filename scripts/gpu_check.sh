@@ -97,11 +97,32 @@ fi
 
 # ----------------------------------------------------------------------------- build
 say "build (log: $OUTDIR/build.log)"
-"$PY" -m venv --system-site-packages "$VENV" || die "cannot create the virtualenv $VENV" 2
+rm -rf "$VENV"
+PIP=()
+if "$PY" -m venv --system-site-packages "$VENV" 2>"$OUTDIR/venv.log"; then
+    PIP=("$VENV/bin/python" -m pip)
+elif "$PY" -m venv --system-site-packages --without-pip "$VENV" 2>>"$OUTDIR/venv.log"; then
+    PIP=("$PY" -m pip --python "$VENV/bin/python")  # no ensurepip here: $PY's pip drives it
+else
+    cat "$OUTDIR/venv.log"
+    die "cannot create the virtualenv $VENV" 2
+fi
 VPY="$VENV/bin/python"
+# --system-site-packages gives the *base* interpreter's packages; when $PY is itself a
+# virtualenv (its torch lives there), its site-packages are added too (after the new
+# environment's own, so that the spark_dl built here wins).
+PARENT_SITE=$("$PY" -c 'import site; print("\n".join(site.getsitepackages()))')
+VSITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+while IFS= read -r dir; do
+    [[ -n "$dir" ]] && echo "import site; site.addsitedir('$dir')"
+done <<<"$PARENT_SITE" >"$VSITE/_sdl_parent_site.pth"
+"$VPY" -c 'import torch, nanobind, scikit_build_core' \
+    || die "the virtualenv $VENV does not see torch, nanobind or scikit-build-core of $PY" 2
 export SKBUILD_CMAKE_ARGS="${SDL_CMAKE_ARGS:-}"
-export SKBUILD_CMAKE_VERBOSE=true
-if "$VPY" -m pip install --no-index --no-build-isolation --no-deps -v -e . \
+# A build folder of its own: a CPU build of the same checkout keeps its CMake cache.
+export SKBUILD_BUILD_DIR="$ROOT/build/gpu-check-build"
+export SKBUILD_BUILD_VERBOSE=true
+if "${PIP[@]}" install --no-index --no-build-isolation --no-deps -v -e . \
         >"$OUTDIR/build.log" 2>&1; then
     RESULT[build]=ok
 else
