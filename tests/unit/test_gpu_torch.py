@@ -98,10 +98,10 @@ class FakeRanks:
 def test_ranks_must_agree_on_the_kind_of_device():
     from spark_dl.spark.torch.adapter import _agree_on_device
 
-    _agree_on_device(FakeRanks(["cpu", "cpu"]), torch.device("cpu"), 0)
-    _agree_on_device(FakeRanks(["cuda:0", "cuda:1"]), torch.device("cuda", 0), 0)
+    _agree_on_device(FakeRanks(["cpu", "cpu"]), torch.device("cpu"))
+    _agree_on_device(FakeRanks(["cuda:0", "cuda:1"]), torch.device("cuda", 0))
     with pytest.raises(RuntimeError, match=r"rank 0: cuda:0, rank 1: cpu.*use_gpu=False"):
-        _agree_on_device(FakeRanks(["cuda:0", "cpu"]), torch.device("cpu"), 1)
+        _agree_on_device(FakeRanks(["cuda:0", "cpu"]), torch.device("cpu"))
 
 
 @no_cuda

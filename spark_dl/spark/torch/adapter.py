@@ -92,7 +92,7 @@ def _check_core_takes(device: torch.device) -> None:
         raise RuntimeError(message)
 
 
-def _agree_on_device(sdl, device: torch.device, rank: int) -> None:
+def _agree_on_device(sdl, device: torch.device) -> None:
     """Every rank trains on the same kind of device, else a clear error on every rank
     (gradients cannot be reduced between CPU and GPU ranks)."""
     devices = sdl.allgather_object(str(device), name="spark_dl.estimator.devices")
@@ -144,7 +144,7 @@ class TorchWorker(WorkerAdapter):
         self.device = _device(spec.use_gpu, local_rank, warn=rank == 0)
         if self.device.type == "cuda":
             _check_core_takes(self.device)
-        _agree_on_device(sdl, self.device, rank)
+        _agree_on_device(sdl, self.device)
         if spec.random_seed is not None:
             torch.manual_seed(spec.random_seed + rank)
         model, optimizer = fw.model, fw.optimizer
