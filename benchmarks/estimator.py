@@ -18,7 +18,9 @@ values, ``label`` double) and end with the trained model on the driver:
 
 Measured per fit: the total time (the call until the trained model is on the driver) and
 the time from the call to the end of the first training step (taken on the rank 0 worker;
-driver and workers share the clock on one machine). The prepared-data cache is cleared
+driver and workers share the clock on one machine); for spark_dl also the split of that
+time into phases (:data:`SPLIT`: prepare, dry run, job and worker start, framework import,
+init, set-up, first step), printed as medians after the table. The prepared-data cache is cleared
 before each spark_dl fit, and the order of the two alternates by round, so that a noisy
 machine slows both alike. Both use one torch thread per process.
 
@@ -139,7 +141,44 @@ def run_spark_dl(spark, df, args, workdir):
     t = trained.timings
     return {"total_s": total, "first_step_s": t["first_step_s"], "prepare_s": t["prepare_s"],
             "launch_s": t["launch_s"], "worker_phases_s": t["worker_phases_s"],
-            "final_loss": trained.getHistory()["loss"][-1]}
+            "split_s": split(t), "final_loss": trained.getHistory()["loss"][-1]}
+
+
+#: The split of a spark_dl fit up to its first training step: (name, what it covers).
+SPLIT = (
+    ("prepare", "fit() to data ready: prepare_data's Spark jobs (stats, Parquet write)"),
+    ("dry run", "data ready to launch: the model tried on a sample batch on the driver"),
+    ("job + worker start", "barrier job, task services, worker processes up"),
+    ("framework import", "the worker unpickles its TrainSpec (imports torch)"),
+    ("init", "spark_dl init(): rendezvous of the ranks"),
+    ("set-up", "model, optimizer, broadcasts (torch._dynamo import), loaders"),
+    ("first step", "first batch read, forward, backward, allreduce, optimizer step"),
+)
+
+
+def split(timings):
+    """Durations of the phases in :data:`SPLIT`, from the fit's timings (rank 0's worker
+    phases are seconds from fit(); driver and workers share the clock on one machine)."""
+    w = timings["worker_phases_s"]
+    marks = [0.0, timings["prepare_s"], timings["launch_s"], w.get("start"), w.get("imported"),
+             w.get("initialized"), w.get("ready"), timings["first_step_s"]]
+    return {name: (b - a if a is not None and b is not None else None)
+            for (name, _), a, b in zip(SPLIT, marks, marks[1:])}
+
+
+def print_split(samples):
+    rows = [s["split_s"] for s in samples if s.get("split_s")]
+    if not rows:
+        return
+    print("\nspark_dl: fit() to the first training step, median seconds per phase "
+          "(min-max):\n")
+    print("| phase | what | median | min-max |")
+    print("| --- | --- | --- | --- |")
+    for name, what in SPLIT:
+        values = [r[name] for r in rows if r.get(name) is not None]
+        if values:
+            print(f"| {name} | {what} | {statistics.median(values):.2f} s | "
+                  f"{min(values):.2f}-{max(values):.2f} s |")
 
 
 def make_data(spark, rows: int, features: int):
@@ -282,6 +321,7 @@ def main():
         print(f"| {name} | {med[name]['total_s']:.1f} s | {med[name]['first_step_s']:.1f} s |")
     ratio = med["TorchDistributor"]["total_s"] / med["spark_dl"]["total_s"]
     print(f"\nspark_dl total time: {ratio:.2f}x faster than TorchDistributor")
+    print_split(samples["spark_dl"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "machine": platform.platform(),

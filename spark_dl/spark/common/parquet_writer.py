@@ -15,7 +15,19 @@ from typing import Dict, List, Optional
 
 from spark_dl.spark.common import constants
 
-SUMMARY_SCHEMA = "split string, name string, rows long, row_groups array<long>, file_bytes long"
+
+def summary_schema():
+    """The schema of the summary rows (split, name, rows, row_groups, file_bytes), as a
+    StructType: a DDL string would be parsed by the JVM's SQL parser, whose first use in
+    a session costs seconds of class loading on a small machine."""
+    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+
+    return StructType([StructField("split", StringType()), StructField("name", StringType()),
+                       StructField("rows", LongType()),
+                       StructField("row_groups", ArrayType(LongType())),
+                       StructField("file_bytes", LongType())])
+
+
 SPLIT_COLUMN = "__spark_dl_is_val__"
 
 

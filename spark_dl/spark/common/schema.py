@@ -189,8 +189,14 @@ def vector_stats_fn(names: List[str]):
     return _VectorStats(list(names))
 
 
-VECTOR_STATS_SCHEMA = ("col string, rows long, dense_rows long, min_size long, max_size long, "
-                       "nnz long")
+def vector_stats_schema():
+    """The schema of :func:`vector_stats_fn`'s rows as a StructType (not a DDL string,
+    which the JVM's SQL parser would parse: seconds of class loading on first use)."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    return StructType([StructField("col", StringType())] + [
+        StructField(name, LongType())
+        for name in ("rows", "dense_rows", "min_size", "max_size", "nnz")])
 
 
 class _VectorStats:

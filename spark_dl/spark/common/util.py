@@ -20,11 +20,10 @@ from typing import List, Optional, Sequence, Tuple, Union
 from spark_dl.spark.common import constants
 from spark_dl.spark.common.cache import TrainingDataCache, cache_key, delete_dataset
 from spark_dl.spark.common.metadata import load_metadata
-from spark_dl.spark.common.parquet_writer import (SPLIT_COLUMN, SUMMARY_SCHEMA, PartitionWriter,
-                                                  sparse_dtypes)
-from spark_dl.spark.common.schema import (VECTOR_STATS_SCHEMA, _col, check_stats,
-                                          check_vector_stats, classify, stats_exprs,
-                                          vector_stats_fn)
+from spark_dl.spark.common.parquet_writer import (SPLIT_COLUMN, PartitionWriter,
+                                                  sparse_dtypes, summary_schema)
+from spark_dl.spark.common.schema import (_col, check_stats, check_vector_stats, classify,
+                                          stats_exprs, vector_stats_fn, vector_stats_schema)
 from spark_dl.spark.common.store import Store
 
 #: The cache prepare_data uses unless given another (one per driver process).
@@ -170,7 +169,7 @@ def prepare_data(num_processes: int, store: Store, df,
     vector_cols = [n for n, i in infos.items() if i.kind == constants.KIND_VECTOR]
     if compress_sparse and vector_cols:
         rows = df.select(*[_col(n) for n in vector_cols]).mapInArrow(
-            vector_stats_fn(vector_cols), VECTOR_STATS_SCHEMA).collect()
+            vector_stats_fn(vector_cols), vector_stats_schema()).collect()
         check_vector_stats(rows, infos)
     if not store.capabilities.shared_across_processes:
         raise ValueError(f"store {store.prefix_path!r} lives in this process only, so Spark "
@@ -191,7 +190,7 @@ def prepare_data(num_processes: int, store: Store, df,
     writer = PartitionWriter(store, dirs, rows_per_group, sparse_dtypes(infos.values()),
                              split=validation is not None)
     t1 = time.time()
-    summaries = selected.mapInArrow(writer, SUMMARY_SCHEMA).collect()
+    summaries = selected.mapInArrow(writer, summary_schema()).collect()
     _log(verbose, f"wrote {len(summaries)} files in {time.time() - t1:.1f}s")
 
     # 5. metadata
