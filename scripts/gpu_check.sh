@@ -55,6 +55,13 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
       f"cuda available: {torch.cuda.is_available()}, devices: {torch.cuda.device_count()}")
 EOF
 
+# Without a usable GPU every test of tests/gpu skips: the check must not pass then.
+if "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    RESULT[cuda]=ok
+else
+    RESULT[cuda]="NOT AVAILABLE (torch.cuda.is_available() is False: tests/gpu skip)"
+fi
+
 missing=$("$PY" - <<'EOF'
 import importlib.util
 need = ["scikit_build_core", "nanobind", "numpy", "cloudpickle", "psutil", "pytest",
@@ -161,7 +168,7 @@ RESULT[benchmark]=$([[ $rc -eq 0 ]] && echo ok || echo "FAILED (exit $rc)")
 # ----------------------------------------------------------------------------- summary
 say "summary"
 status=0
-for step in build tests benchmark; do
+for step in cuda build tests benchmark; do
     printf '  %-10s %s\n' "$step" "${RESULT[$step]}"
     [[ "${RESULT[$step]}" == ok ]] || status=1
 done
