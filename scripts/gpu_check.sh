@@ -25,7 +25,7 @@ DEPS_DIR="$ROOT/.gpudeps"
 GLOO_DEBS="libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200"
 
 say() { printf '\n=== %s\n' "$*"; }
-die() { printf '\ngpu_check: %s\n' "$*" >&2; exit "${2:-1}"; }
+die() { printf '\ngpu_check: %s\n' "$1" >&2; exit "${2:-1}"; }
 
 if [[ "${1:-}" == "--fetch-deps" ]]; then
     command -v apt-get >/dev/null || die "--fetch-deps needs apt-get (Debian/Ubuntu)" 2
