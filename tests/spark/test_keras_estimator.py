@@ -80,6 +80,19 @@ class LrProbe(keras.callbacks.Callback):
             raise AssertionError(f"epoch {epoch}: training with lr {lr}, not {self.expected}")
 
 
+class BackendProbe(keras.callbacks.Callback):
+    """Fails the fit unless the workers run Keras on the ``expected`` backend."""
+
+    def __init__(self, expected):
+        super().__init__()
+        self.expected = expected
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if keras.backend.backend() != self.expected:
+            raise AssertionError(f"workers train on {keras.backend.backend()}, "
+                                 f"not {self.expected}")
+
+
 def regression_df(spark, rows=600, seed=0):
     from pyspark.ml.linalg import Vectors
 
@@ -242,6 +255,23 @@ def test_pipeline_fit(spark, store, df):
     assert "y__output" in pm.transform(df).columns
 
 
+def test_torch_backend_workers(spark, store, df):
+    # This driver imported Keras on TensorFlow; backend_env puts the workers on PyTorch
+    # (fresh processes: KERAS_BACKEND is read when they import Keras). The .keras model
+    # goes there and the trained weights come back to the driver's TensorFlow model.
+    est = estimator(store, run_id="torch", epochs=3, validation=None, verbose=0,
+                    backend_env={"KERAS_BACKEND": "torch"}, callbacks=[BackendProbe("torch")])
+    fitted = est.fit(df)
+    history = fitted.getHistory()
+    assert history["epoch"] == [1, 2, 3]
+    assert history["loss"][-1] < history["loss"][0] / 2
+    pdf = fitted.transform(df).orderBy("y").toPandas()
+    expected = fitted.getModel().predict_on_batch(
+        features_of(pdf).astype("float32")).reshape(-1)
+    np.testing.assert_allclose(pdf["y__output"].to_numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert np.abs(pdf["y__output"].to_numpy() - pdf["y"].to_numpy()).mean() < 0.5
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
@@ -252,6 +282,9 @@ def _fails(est, df, match, exc=ValueError):
 
 def test_bad_inputs_fail_before_training(spark, store, df):
     _fails(estimator(store, feature_cols=["nope"]), df, "nope", Exception)
+    # A backend the workers cannot train on.
+    _fails(estimator(store, backend_env={"KERAS_BACKEND": "jax"}), df,
+           r"tensorflow or torch Keras backend, not 'jax'")
     # A label with 2 values per row against an output of 1.
     _fails(estimator(store, label_cols=["z"]), df, r"label column 'z' has 2 values per row")
     # Two feature columns for a model with one input.

@@ -54,7 +54,8 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
     label columns match its outputs in order. ``optimizer`` may be left out when the model
     was compiled (its optimizer, loss and metrics are used; params given here override
     them). The model travels as a ``.keras`` file; custom layers need ``custom_objects``.
-    The workers use the driver's Keras backend (TensorFlow or PyTorch). See docs/keras.md.
+    The workers use the driver's Keras backend (TensorFlow or PyTorch), or the one
+    ``backend_env={"KERAS_BACKEND": ...}`` names. See docs/keras.md.
     """
 
     _run_prefix = "keras"
@@ -76,6 +77,7 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
 
     def _check_params_more(self) -> None:
         keras = _keras()
+        self._workers_backend()  # a backend the workers cannot train on fails here
         model = self.getModel()
         if not isinstance(model, keras.Model):
             raise TypeError(f"model must be a keras.Model, got "
@@ -113,8 +115,23 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
     def _vector_dtype(self) -> str:
         return util.vector_dtype(self.getModel())
 
+    def _workers_backend(self) -> str:
+        """The workers' Keras backend: ``backend_env``'s ``KERAS_BACKEND`` when given, else
+        the driver's. The driver only saves, loads and dry-runs the model, and ``.keras``
+        files move between backends, so a driver on TensorFlow can train on PyTorch workers
+        (the backend must be chosen before Keras is imported: the driver's is fixed)."""
+        chosen = (self.getBackendEnv() or {}).get("KERAS_BACKEND")
+        backend = str(chosen).strip().lower() if chosen else _keras().backend.backend()
+        if backend not in ("tensorflow", "torch"):
+            raise ValueError(
+                f"KerasEstimator trains on the tensorflow or torch Keras backend, not "
+                f"{backend!r} ({'backend_env KERAS_BACKEND' if chosen else 'the driver'}'s): "
+                "spark_dl.keras.DistributedOptimizer cannot run in a jax train step; set "
+                "backend_env={'KERAS_BACKEND': 'tensorflow'} or 'torch'")
+        return backend
+
     def _worker_env(self) -> dict:
-        return {"KERAS_BACKEND": _keras().backend.backend()}
+        return {"KERAS_BACKEND": self._workers_backend()}
 
     # ------------------------------------------------------------------ dry run
 
@@ -187,7 +204,7 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
             compression=self.getGradientCompression(),
             backward_passes_per_step=self.getBackwardPassesPerStep(),
             checkpoint_callback=self.getCheckpointCallback(),
-            backend=keras.backend.backend(),
+            backend=self._workers_backend(),
             scale_learning_rate=bool(self.getScaleLearningRate()),
             output_dtypes=util.output_dtypes(model))
         fw.metric_names = self._dry_run(store, dataset, fw)
