@@ -6,7 +6,7 @@ below the estimator layer (:mod:`spark_dl.spark.common`, :mod:`spark_dl.spark.to
 - driver side: :mod:`~spark_dl.spark.launch.spark_run` (:func:`run`, the entry point),
   :mod:`~spark_dl.spark.launch.launcher` (the Gloo launcher: rendezvous and worker
   start), :mod:`~spark_dl.spark.launch.driver` (driver service, rank plan, the barrier
-  job, the slot check);
+  job, the slot check, the failure report);
 - task side: :mod:`~spark_dl.spark.launch.task` (what each barrier task runs: the task
   service, the worker bootstrap, output shipping, device discovery);
 - services: :mod:`~spark_dl.spark.launch.service` (authenticated request/response
@@ -17,6 +17,9 @@ below the estimator layer (:mod:`spark_dl.spark.common`, :mod:`spark_dl.spark.to
   in the executors), :mod:`~spark_dl.spark.launch.rsh_agent` (the rsh agent ``mpirun``
   calls) and :mod:`~spark_dl.spark.launch.handover` (the job secret for processes Open
   MPI starts);
+- executors' Python: :mod:`~spark_dl.spark.launch.executor_python` (local masters run the
+  driver's interpreter) and :mod:`~spark_dl.spark.launch.executor_probe` (elsewhere, one
+  small job checks that it can run spark_dl before the first real one);
 - :mod:`~spark_dl.spark.launch.errors`: the exceptions users catch (:class:`RunError`,
   :class:`WorkerFailedError`, :class:`NotEnoughSlotsError`, ...).
 
