@@ -109,7 +109,7 @@ def test_only_consequences_and_nobody_finished_says_the_cause_is_unknown():
 _EXTRA_CALL = textwrap.dedent("""
     import os, sys, time
     if os.environ["SDL_RANK"] == "1":
-        time.sleep(1.0)
+        time.sleep(3.0)  # ranks 0 and 2 exit 0 meanwhile (a loaded machine included)
         print("ShutdownError: spark_dl has been shut down", file=sys.stderr)
         sys.exit(1)
 """)
