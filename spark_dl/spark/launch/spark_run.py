@@ -353,6 +353,8 @@ class _Run:
                 self.out.log(f"ranks {missing} did not report their end; cancelling the "
                              "Spark job stops them")
         self.job.cancel()
-        if not self.job.join(_CANCEL_WAIT_S) and self.verbose >= 1:
+        if self.job.join(_CANCEL_WAIT_S):
+            self.phases.mark("job_ended")
+        elif self.verbose >= 1:
             self.out.log("the Spark job did not end within "
                          f"{_CANCEL_WAIT_S:g} s of its cancellation")
