@@ -344,6 +344,10 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                   "alltoall splits of '" + req.name + "' sum to " + std::to_string(sum) +
                       " but the first dimension is " + std::to_string(req.shape[0]));
   }
+  if (tensor_op && !req.device.host())
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(OpTypeName(req.op)) + " of '" + req.name + "' is a " +
+                    DeviceName(req.device) + " tensor, but this build runs host tensors only");
   for (int64_t d : req.shape)
     if (d < 0) throw Error(ErrorCode::kInvalidArgument, "negative dimension in '" + req.name + "'");
   if (tensor_op && in == nullptr && req.NumElements() > 0)
