@@ -23,6 +23,8 @@
 
 #include "common/config.h"
 #include "common/message.h"
+#include "core/controller.h"
+#include "core/counters.h"
 #include "core/handles.h"
 #include "core/process_set.h"
 
@@ -50,18 +52,6 @@ struct RuntimeOptions {
   bool use_mpi = false;
   intptr_t mpi_comm_addr = 0;        // address of an MPI_Comm (mpi4py); 0: MPI_COMM_WORLD
   std::vector<int32_t> mpi_ranks;    // init(comm=[ranks]): a subset of MPI_COMM_WORLD
-};
-
-// Counters that tests and benchmarks read to see what the core did.
-struct Counters {
-  std::atomic<int64_t> cycles{0};            // negotiation cycles (all sets)
-  std::atomic<int64_t> full_negotiations{0};  // cycles that exchanged request lists
-  std::atomic<int64_t> cache_hits{0};        // tensors run straight from the response cache
-  std::atomic<int64_t> negotiated{0};        // tensors run after full negotiation
-  std::atomic<int64_t> collectives{0};       // data collectives issued to a transport
-  std::atomic<int64_t> fused_tensors{0};     // tensors that shared a collective with others
-  std::atomic<int64_t> tensors{0};           // finished tensor operations
-  std::atomic<int64_t> bytes{0};             // payload bytes of finished operations
 };
 
 class Runtime {
@@ -113,8 +103,7 @@ class Runtime {
   std::shared_ptr<ProcessSet> FindSet(int32_t id);
   void CheckUsable();
   void Loop();
-  // One negotiation cycle of one set; returns true when the ranks agreed to stop.
-  bool Cycle(ProcessSet& ps, bool world);
+  // Moves newly enqueued entries of a set to the background thread's side.
   void Intake(ProcessSet& ps);
   void WaitForWork(bool busy, bool everywhere);
   void Execute(ProcessSet& ps, const Response& r, bool from_cache);
@@ -133,6 +122,7 @@ class Runtime {
   Config config_;
   HandleTable handles_;
   Counters counters_;
+  Controller controller_;
   std::string job_token_;
   std::vector<std::string> host_of_rank_;
   std::shared_ptr<gloo::transport::Device> gloo_device_;
