@@ -307,7 +307,7 @@ void Runtime::CheckUsable() {
 }
 
 int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
-                         bool core_output) {
+                         bool core_output, uintptr_t stream) {
   CheckUsable();
   std::shared_ptr<ProcessSet> ps = FindSet(ps_id);
   if (!ps->member())
@@ -345,10 +345,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                   "alltoall splits of '" + req.name + "' sum to " + std::to_string(sum) +
                       " but the first dimension is " + std::to_string(req.shape[0]));
   }
-  if (tensor_op && !req.device.host())
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string(OpTypeName(req.op)) + " of '" + req.name + "' is a " +
-                    DeviceName(req.device) + " tensor, but this build runs host tensors only");
+  ops_.CheckServable(req);  // the backend choice refuses devices this build cannot serve
   for (int64_t d : req.shape)
     if (d < 0) throw Error(ErrorCode::kInvalidArgument, "negative dimension in '" + req.name + "'");
   if (tensor_op && in == nullptr && req.NumElements() > 0)
@@ -359,6 +356,10 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "': only an allreduce without an output tensor can ask the core for its output");
   std::shared_ptr<Buffer> output;
+  if (core_output && !req.device.host())
+    throw Error(ErrorCode::kInvalidArgument,
+                "allreduce of '" + req.name + "': the core allocates outputs for host tensors "
+                "only; pass an output tensor on " + DeviceName(req.device));
   if (core_output) {
     // Allocated here, outside the collective: a pool miss maps and pre-faults
     // fresh memory on the caller's thread, not while peers wait.
@@ -387,6 +388,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
     e.out = out;
     e.output = std::move(output);
     e.handle = h;
+    e.stream = stream;
     ps->incoming.push_back(std::move(e));
   }
   {

@@ -27,6 +27,7 @@
 #include "core/counters.h"
 #include "core/handles.h"
 #include "core/process_set.h"
+#include "ops/operations.h"
 
 namespace gloo {
 namespace rendezvous { class Store; }
@@ -73,9 +74,10 @@ class Runtime {
   // a failure or shutdown.
   // core_output (allreduce, out == nullptr): the core allocates the output
   // from its output pool (see Buffer in handles.h) and returns it as the
-  // result's first output.
+  // result's first output. stream: the framework's stream that produced a
+  // device tensor (DLPack's stream protocol; 0: the default stream).
   int64_t Enqueue(int32_t ps_id, Request req, const void* in, void* out,
-                  bool core_output = false);
+                  bool core_output = false, uintptr_t stream = 0);
 
   // Registers a new process set (every rank calls it, in the same order).
   // Members connect before this returns; the set becomes usable on every rank
@@ -89,6 +91,7 @@ class Runtime {
   HandleTable& handles() { return handles_; }
   const Topology& topology() const { return opts_.topo; }
   Counters& counters() { return counters_; }
+  const Operations& operations() const { return ops_; }
   Config config();
   void SetKnob(const std::string& name, const std::string& value);
   bool failed() const { return failed_.load(); }
@@ -123,6 +126,7 @@ class Runtime {
   HandleTable handles_;
   Counters counters_;
   Controller controller_;
+  Operations ops_;  // backends, device memories, fusion buffers (background thread)
   std::string job_token_;
   std::vector<std::string> host_of_rank_;
   std::shared_ptr<gloo::transport::Device> gloo_device_;

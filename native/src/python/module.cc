@@ -146,15 +146,19 @@ nb::object ToArray(const std::shared_ptr<Buffer>& buf) {
   std::vector<size_t> shape(buf->shape.begin(), buf->shape.end());
   static char empty[8];
   void* data = buf->data ? buf->data.get() : empty;
+  const int32_t device_type = buf->device.type == DeviceType::kCUDA ? nb::device::cuda::value
+                              : buf->device.type == DeviceType::kCUDAHost
+                                  ? nb::device::cuda_host::value
+                                  : nb::device::cpu::value;
   nb::ndarray<> arr(data, shape.size(), shape.data(), owner, nullptr, ToDLPack(buf->dtype),
-                    nb::device::cpu::value);
+                    device_type, buf->device.index);
   return nb::cast(arr);
 }
 
 int64_t Enqueue(int op, const std::string& name, std::optional<nb::ndarray<nb::ro>> input,
                 std::optional<nb::ndarray<>> output, int32_t process_set, int reduce,
                 double prescale, double postscale, int32_t root, std::vector<int64_t> splits,
-                std::string group, int32_t group_size, bool core_output) {
+                std::string group, int32_t group_size, bool core_output, uintptr_t stream) {
   Runtime& rt = Rt();
   Request req;
   req.op = static_cast<OpType>(op);
@@ -189,7 +193,7 @@ int64_t Enqueue(int op, const std::string& name, std::optional<nb::ndarray<nb::r
     out = output->data();
   }
   nb::gil_scoped_release nogil;
-  return rt.Enqueue(process_set, std::move(req), in, out, core_output);
+  return rt.Enqueue(process_set, std::move(req), in, out, core_output, stream);
 }
 
 nb::tuple Take(int64_t h) {
@@ -349,7 +353,7 @@ NB_MODULE(_core, m) {
   m.def("enqueue", &Enqueue, "op"_a, "name"_a, "input"_a.none(), "output"_a.none(),
         "process_set"_a = 0, "reduce"_a = 1, "prescale"_a = 1.0, "postscale"_a = 1.0,
         "root"_a = 0, "splits"_a = std::vector<int64_t>(), "group"_a = "", "group_size"_a = 0,
-        "core_output"_a = false);
+        "core_output"_a = false, "stream"_a = 0);
   // A writable NumPy array over a DLPack capsule from take(), without a copy
   // (numpy.from_dlpack marks arrays from unversioned capsules read-only).
   m.def(
