@@ -5,6 +5,7 @@
 
 #include <gloo/rendezvous/hash_store.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -106,6 +107,42 @@ TEST_P(Threads, CudaTensorIsRefusedAtEnqueueWithoutABackend) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code, ErrorCode::kInvalidArgument);
       EXPECT_NE(std::string(e.what()).find("cuda:" + std::to_string(rank)), std::string::npos);
+    }
+  });
+}
+
+TEST_P(Threads, CollectiveAfterAPeerShutDownNamesThatPeer) {
+  std::atomic<bool> enqueued{false};
+  RunRanks(2, GetParam(), [&](int rank, Runtime& rt) {
+    float x[2] = {1, 2};
+    if (rank == 0) {
+      while (!enqueued.load()) std::this_thread::yield();
+      rt.Shutdown();  // rank 1 still waits on 'p': the calls did not match
+      try {
+        rt.Enqueue(0, Req(OpType::kAllreduce, "q", {2}), x, x);
+        ADD_FAILURE() << "enqueue after shutdown was accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code, ErrorCode::kShutdown);
+        EXPECT_STREQ(e.what(), "spark_dl has been shut down");  // its own shutdown
+      }
+      return;
+    }
+    int64_t h = rt.Enqueue(0, Req(OpType::kAllreduce, "p", {2}), x, x);
+    enqueued.store(true);
+    Result res = WaitFor(rt, h);
+    EXPECT_EQ(res.code, ErrorCode::kShutdown);
+    EXPECT_EQ(res.message,
+              "allreduce 'p' on rank 1 cannot run: rank 0 had already shut down; every rank must "
+              "make the same collective calls in the same order");
+    try {
+      Request b = Req(OpType::kBroadcast, "after", {2});
+      rt.Enqueue(0, b, x, x);
+      ADD_FAILURE() << "enqueue after the peers shut down was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code, ErrorCode::kShutdown);
+      EXPECT_STREQ(e.what(),
+                   "broadcast 'after' on rank 1 cannot run: rank 0 had already shut down; every "
+                   "rank must make the same collective calls in the same order");
     }
   });
 }
