@@ -388,6 +388,33 @@ TEST_F(Staging, ReducescatterScalesACopyAndKeepsTheInput) {
   dev->Free(kGpu, x);
 }
 
+TEST(DeviceOutputs, OutliveTheOperationsLayer) {
+  std::shared_ptr<Buffer> kept;
+  FakeDeviceMemory* dev = nullptr;
+  {
+    Operations ops;
+    auto mem = std::make_unique<FakeDeviceMemory>();
+    dev = mem.get();
+    ops.AddDeviceMemory(std::move(mem));
+    ProcessSet ps(0, {0, 1}, 0, 4);
+    ps.comm = std::make_unique<TwinComm>(dev);
+    float* x = dev->New<float>({1, 2});
+    Entry e = MakeEntry("g", {2}, kGpu, x, nullptr);
+    Response r = AllreduceResponse({"g"}, {{2}}, DeviceType::kCUDA);
+    r.op = OpType::kAllgather;
+    r.first_dims = {2, 2};
+    Result res;
+    ASSERT_TRUE(ops.Allgather(ps, r, e, &res).ok());
+    kept = res.outputs[0];
+    dev->Free(kGpu, x);
+  }
+  // The runtime (and its operations layer) is gone; the caller still holds the tensor.
+  EXPECT_EQ(dev->live.size(), 1u);
+  const float* o = reinterpret_cast<const float*>(kept->data.get());
+  EXPECT_EQ(std::vector<float>(o, o + 4), (std::vector<float>{1, 2, 1, 2}));
+  kept.reset();  // frees through the device memory, which it kept alive until now
+}
+
 TEST(HostPath, HostTensorsNeverTouchDeviceMemory) {
   Operations ops;
   auto mem = std::make_unique<FakeDeviceMemory>();
