@@ -9,7 +9,6 @@
 #include <fstream>
 #include <random>
 #include <sstream>
-#include <unordered_set>
 
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
@@ -21,13 +20,9 @@
 #endif
 #include "comm/shm_comm.h"
 #include "common/reduce.h"
-#include "core/coordinator.h"
-#include "core/fusion.h"
 
 namespace sdl {
 namespace {
-
-constexpr uint64_t kNeedFull = 1, kShutdownFlag = 2, kCoordPending = 4, kJoinedFlag = 8;
 
 double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -60,7 +55,13 @@ std::string StoreGet(gloo::rendezvous::Store& store, const std::string& key, dou
 
 }  // namespace
 
-Runtime::Runtime(RuntimeOptions opts) : opts_(std::move(opts)), config_(opts_.config) {
+Runtime::Runtime(RuntimeOptions opts)
+    : opts_(std::move(opts)),
+      config_(opts_.config),
+      controller_(
+          counters_,
+          [this](ProcessSet& ps, const Response& r, bool from_cache) { Execute(ps, r, from_cache); },
+          [this](int level, const std::string& msg) { Log(level, msg); }) {
   if (opts_.use_mpi) {
     InitMpi();
   } else {
@@ -297,17 +298,41 @@ std::shared_ptr<ProcessSet> Runtime::FindSet(int32_t id) {
   return it->second;
 }
 
-void Runtime::CheckUsable() {
+namespace {
+
+constexpr const char* kShutDown = "spark_dl has been shut down";
+
+std::string RankList(const std::vector<int32_t>& ranks) {
+  if (ranks.size() == 1) return "rank " + std::to_string(ranks[0]);
+  return "ranks " + ShapeString({ranks.begin(), ranks.end()});
+}
+
+}  // namespace
+
+std::string Runtime::StopMessageLocked(OpType op, const std::string& name) const {
+  if (failed_.load()) return stop_message_;
+  if (stopped_by_peers_.empty()) return kShutDown;
+  // A peer shut down while this rank still calls collectives: the ranks' calls
+  // did not match (a script that ran fewer steps, or an early exit).
+  std::string what = name.empty() ? std::string("spark_dl")
+                                  : std::string(OpTypeName(op)) + " '" + name + "'";
+  return what + " on rank " + std::to_string(opts_.topo.rank) + " cannot run: " +
+         RankList(stopped_by_peers_) +
+         " had already shut down; every rank must make the same collective calls in the "
+         "same order";
+}
+
+void Runtime::CheckUsable(const Request* req) {
   if (stopped_.load() || shutdown_requested_.load()) {
     std::lock_guard<std::mutex> lk(status_mu_);
     throw Error(failed_.load() ? stop_code_ : ErrorCode::kShutdown,
-                stop_message_.empty() ? "spark_dl has been shut down" : stop_message_);
+                req ? StopMessageLocked(req->op, req->name) : StopMessageLocked(OpType::kBarrier, ""));
   }
 }
 
 int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
-                         bool core_output) {
-  CheckUsable();
+                         bool core_output, uintptr_t stream) {
+  CheckUsable(&req);
   std::shared_ptr<ProcessSet> ps = FindSet(ps_id);
   if (!ps->member())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(opts_.topo.rank) +
@@ -344,6 +369,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                   "alltoall splits of '" + req.name + "' sum to " + std::to_string(sum) +
                       " but the first dimension is " + std::to_string(req.shape[0]));
   }
+  ops_.CheckServable(req);  // the backend choice refuses devices this build cannot serve
   for (int64_t d : req.shape)
     if (d < 0) throw Error(ErrorCode::kInvalidArgument, "negative dimension in '" + req.name + "'");
   if (tensor_op && in == nullptr && req.NumElements() > 0)
@@ -354,6 +380,10 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "': only an allreduce without an output tensor can ask the core for its output");
   std::shared_ptr<Buffer> output;
+  if (core_output && !req.device.host())
+    throw Error(ErrorCode::kInvalidArgument,
+                "allreduce of '" + req.name + "': the core allocates outputs for host tensors "
+                "only; pass an output tensor on " + DeviceName(req.device));
   if (core_output) {
     // Allocated here, outside the collective: a pool miss maps and pre-faults
     // fresh memory on the caller's thread, not while peers wait.
@@ -368,6 +398,8 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "' needs an output tensor (pass the input again to work in place)");
   int64_t h;
+  const OpType op = req.op;
+  const std::string name = req.name;
   {
     std::lock_guard<std::mutex> lk(ps->mu);
     if (ps->inflight.count(req.name))
@@ -382,6 +414,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
     e.out = out;
     e.output = std::move(output);
     e.handle = h;
+    e.stream = stream;
     ps->incoming.push_back(std::move(e));
   }
   {
@@ -392,7 +425,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
   // A failure or shutdown may have raced with the enqueue: do not strand it.
   if (stopped_.load()) {
     std::lock_guard<std::mutex> lk(status_mu_);
-    handles_.FailAll(stop_code_, stop_message_.empty() ? "spark_dl has been shut down" : stop_message_);
+    handles_.FailAll(stop_code_, StopMessageLocked(op, name));
   }
   return h;
 }
@@ -467,105 +500,6 @@ void Runtime::Intake(ProcessSet& ps) {
   }
 }
 
-bool Runtime::Cycle(ProcessSet& ps, bool world) {
-  Intake(ps);
-  Config cfg = config();
-  const size_t cap = ps.cache.capacity();
-  const size_t words = 2 + (cap + 63) / 64;
-  std::vector<uint64_t> bits(words, 0);
-  uint64_t flags = 0;
-  // A cached name still waiting after kCachedWaitS goes through full negotiation,
-  // so that the coordinator sees it: stall warnings and mismatch errors come from
-  // its table (cache bits alone never show which names the others wait on).
-  constexpr double kCachedWaitS = 1.0;
-  const double now = SteadySeconds();
-  for (const std::string& name : ps.pending_order) {
-    Entry& e = ps.pending[name];
-    if (e.sent) continue;
-    int slot = ps.cache.Lookup(e.req);
-    if (slot >= 0 && now - e.since < kCachedWaitS) bits[2 + slot / 64] |= uint64_t{1} << (slot % 64);
-    else flags |= kNeedFull;
-  }
-  if (world && shutdown_requested_.load()) flags |= kShutdownFlag;
-  if (ps.my_rank == 0 && !ps.coord.Empty()) flags |= kCoordPending;
-  if (ps.joined) flags |= kJoinedFlag;
-  bits[0] = ~flags;
-  bits[1] = static_cast<uint64_t>(std::max<int64_t>(cfg.fusion_threshold, 0));
-  ps.comm->Allreduce(bits.data(), words, DataType::kUInt64, ReduceOp::kBitAnd);
-  flags = ~bits[0];
-  const int64_t threshold = static_cast<int64_t>(bits[1]);  // identical on every member
-  counters_.cycles++;
-  if (flags & kShutdownFlag) return true;
-
-  // a) tensors every member has ready in the cache run now, in slot order.
-  std::vector<int> slots;
-  for (size_t w = 2; w < words; ++w)
-    for (uint64_t b = bits[w]; b; b &= b - 1)
-      slots.push_back(static_cast<int>((w - 2) * 64 + __builtin_ctzll(b)));
-  if (!slots.empty()) {
-    std::map<std::string, int> group_hits;
-    for (int s : slots)
-      if (!ps.cache.request(s).group.empty()) group_hits[ps.cache.request(s).group]++;
-    std::vector<Response> ready;
-    for (int s : slots) {
-      const Request& rq = ps.cache.request(s);
-      if (!rq.group.empty() && group_hits[rq.group] < rq.group_size) continue;
-      ready.push_back(ps.cache.response(s));
-      ps.cache.Touch(s);
-    }
-    for (const Response& r : FuseResponses(MergeGroups(std::move(ready)), threshold)) {
-      counters_.cache_hits += static_cast<int64_t>(r.names.size());
-      Execute(ps, r, true);
-    }
-  }
-
-  // b)-e) full negotiation through the coordinator.
-  if (flags & (kNeedFull | kCoordPending | kJoinedFlag)) {
-    counters_.full_negotiations++;
-    std::vector<Request> send;
-    for (const std::string& name : ps.pending_order) {
-      auto it = ps.pending.find(name);
-      if (it == ps.pending.end() || it->second.sent) continue;
-      it->second.sent = true;
-      send.push_back(it->second.req);
-    }
-    std::vector<std::string> all = ps.comm->AllgatherBytes(EncodeRequests(send, ps.joined, false));
-    std::string out;
-    if (ps.my_rank == 0) {
-      for (int q = 0; q < ps.size(); ++q) {
-        bool joined = false, unused = false;
-        std::vector<Request> reqs = DecodeRequests(all[q], &joined, &unused);
-        CoordinatorAdd(ps, q, std::move(reqs), joined);
-      }
-      std::vector<std::string> warnings;
-      std::vector<Response> ready =
-          CoordinatorReady(ps, cfg.fusion_threshold, cfg.stall_warning_s, cfg.timeout_s, &warnings);
-      for (const std::string& w : warnings) Log(0, "warning: " + w);
-      if (cfg.verbose >= 2) {
-        for (const Response& r : ready)
-          Log(2, "process set " + std::to_string(ps.id) + ": run " + OpTypeName(r.op) + " of " +
-                     std::to_string(r.names.size()) + " tensor(s), first '" + r.names[0] + "'" +
-                     (r.error.empty() ? "" : " (error)"));
-      }
-      out = EncodeResponses(ready);
-    }
-    ps.comm->BroadcastBytes(&out, 0);
-    for (const Response& r : DecodeResponses(out)) {
-      counters_.negotiated += static_cast<int64_t>(r.names.size());
-      Execute(ps, r, false);
-    }
-  }
-
-  // Drop finished names from the order (a name may be enqueued again later).
-  std::vector<std::string> order;
-  order.reserve(ps.pending.size());
-  std::unordered_set<std::string> kept;
-  for (std::string& name : ps.pending_order)
-    if (ps.pending.count(name) && kept.insert(name).second) order.push_back(std::move(name));
-  ps.pending_order.swap(order);
-  return false;
-}
-
 void Runtime::WaitForWork(bool busy, bool everywhere) {
   Config cfg = config();
   // While tensors wait for slower ranks, cycle more often: their arrival is
@@ -603,16 +537,25 @@ void Runtime::Loop() {
       }
       WaitForWork(busy, everywhere);
       std::shared_ptr<ProcessSet> world = FindSet(0);
-      if (Cycle(*world, true)) break;
+      Intake(*world);
+      if (controller_.Cycle(*world, config(), true, shutdown_requested_.load())) break;
       std::vector<std::shared_ptr<ProcessSet>> sets;
       {
         std::lock_guard<std::mutex> lk(sets_mu_);
         for (auto& [id, ps] : active_)
           if (id != 0 && ps->member()) sets.push_back(ps);
       }
-      for (auto& ps : sets) Cycle(*ps, false);
+      for (auto& ps : sets) {
+        Intake(*ps);
+        controller_.Cycle(*ps, config(), false, false);
+      }
     }
-    message = "spark_dl has been shut down";
+    message = kShutDown;
+    const std::vector<int32_t>& asked = controller_.stopping_ranks();
+    if (std::find(asked.begin(), asked.end(), opts_.topo.rank) == asked.end()) {
+      std::lock_guard<std::mutex> lk(status_mu_);
+      stopped_by_peers_ = asked;
+    }
   } catch (const Error& e) {
     code = e.code == ErrorCode::kOk ? ErrorCode::kPeerFailure : e.code;
     message = e.what();
@@ -638,6 +581,33 @@ void Runtime::Loop() {
   // Closing the communicators makes peers blocked on us fail at once instead
   // of waiting for their timeout.
   for (auto& ps : sets) ps->comm.reset();
+  // Pending and newly enqueued operations fail naming themselves (and, when
+  // peers shut down first, those peers); anything left (join) gets the plain message.
+  for (auto& ps : sets) {
+    std::vector<std::pair<std::string, OpType>> names;
+    for (auto& [name, e] : ps->pending) names.emplace_back(name, e.req.op);
+    for (auto& [name, op] : names) {
+      Result res;
+      res.code = code;
+      {
+        std::lock_guard<std::mutex> lk(status_mu_);
+        res.message = StopMessageLocked(op, name);
+      }
+      Finish(*ps, name, std::move(res));
+    }
+    std::lock_guard<std::mutex> lk(ps->mu);
+    for (Entry& e : ps->incoming) {
+      Result res;
+      res.code = code;
+      {
+        std::lock_guard<std::mutex> slk(status_mu_);
+        res.message = StopMessageLocked(e.req.op, e.req.name);
+      }
+      handles_.Complete(e.handle, std::move(res));
+    }
+    ps->incoming.clear();
+    ps->inflight.clear();
+  }
   handles_.FailAll(code, message);
 }
 
