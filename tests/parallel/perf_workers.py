@@ -199,3 +199,32 @@ def submit_many_refuses_other_kinds():
         return str(e)
     finally:
         hvd.shutdown()
+
+
+def small_allreduces():
+    """Small allreduces on any number of ranks (Gloo picks recursive doubling from 4 ranks
+    on): every reduce op, sizes around the doubling and allgather thresholds, float results
+    identical in every bit on every rank."""
+    import numpy as np
+
+    import spark_dl.numpy as sdl
+
+    sdl.init()
+    rank, size = sdl.rank(), sdl.size()
+    out = {"transport": sdl.transport()}
+    for elements in (1, 7, 1000, 16384, 16385):
+        for dtype in (np.float32, np.float64, np.int64):
+            base = (np.arange(elements) % 13).astype(dtype)
+            mine = base + dtype(rank + 1) if dtype is np.int64 else base * dtype(1.1 + rank)
+            every = [base + dtype(r + 1) if dtype is np.int64 else base * dtype(1.1 + r)
+                     for r in range(size)]
+            for op, ref in ((sdl.Sum, np.sum), (sdl.Min, np.min), (sdl.Max, np.max)):
+                got = sdl.allreduce(mine, op=op)
+                want = ref(np.stack(every), axis=0)
+                tol = 0 if dtype is np.int64 else 1e-5 * size * 13
+                if not np.allclose(got, want, rtol=0, atol=tol):
+                    raise AssertionError(f"{elements} x {dtype.__name__}, op {op}: "
+                                         f"{got[:3]} != {want[:3]}")
+                out[f"{elements}.{dtype.__name__}.{op}"] = got.tobytes().hex()[:4096]
+    sdl.shutdown()
+    return out

@@ -57,3 +57,13 @@ def test_optimizer_batches_average_with_rank_specific_boundaries(transport):
 def test_submit_many_refuses_other_kinds():
     for msg in _launch("submit_many_refuses_other_kinds", "shm"):
         assert "allreduce only" in msg
+
+
+@pytest.mark.parametrize("np_", [4, 6, 8])
+def test_small_allreduces_over_gloo_on_more_ranks(np_):
+    """4 and 8 ranks: recursive doubling; 6: doubling with two folded ranks."""
+    per_rank = run_ranks("perf_workers:small_allreduces", np_, env=TRANSPORTS["gloo"],
+                         timeout=240)
+    assert {r["transport"] for r in per_rank} == {"gloo"}
+    for r in per_rank[1:]:
+        assert r == per_rank[0]  # the same bits on every rank
