@@ -5,8 +5,8 @@ parameter's gradient and queues its in-place allreduce (``p.grad``). Queued
 gradients are handed to the core together, in one call with one handle
 (:func:`~spark_dl.torch._async_ops.batched_allreduce_async_`), when the last
 expected gradient of the step arrives or when the queue holds
-``_FLUSH_BYTES`` (so that large gradients still overlap the rest of the
-backward pass, as DDP's buckets do); ``step()`` flushes what is left, waits,
+``_FLUSH_BYTES`` (25 MiB, DDP's bucket size: large models still overlap
+communication with the rest of the backward pass, as DDP's buckets do); ``step()`` flushes what is left, waits,
 then runs the wrapped optimizer's update. Per-tensor calls would each wake
 the core's background thread, which then negotiates and runs the first few
 gradients while the rest are still arriving (issue 18 measured that path
@@ -43,8 +43,12 @@ from spark_dl.torch.compression import Compression
 
 __all__ = ["DistributedOptimizer"]
 
-# Queued gradient bytes that start a batch before the step's last gradient arrives.
-_FLUSH_BYTES = 1 << 20
+# Queued gradient bytes that start a batch before the step's last gradient arrives: DDP's
+# default bucket size (bucket_cap_mb=25). Smaller batches start communicating earlier in the
+# backward pass, but every batch is one more negotiation cycle and one more collective whose
+# waits compete with the backward pass for the cores (on a 2-core machine a 1 MiB threshold
+# measured no faster: docs/benchmarks.md).
+_FLUSH_BYTES = 25 << 20
 
 _TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
