@@ -10,14 +10,18 @@ One step reduces --tensors float32 tensors of --elements elements (default 200 x
   spark_dl fused     allreduce_async_ for every tensor (same names every step), then wait
                      on every handle; default knobs, so the core packs what is ready into
                      one collective. Run over shared memory and over Gloo TCP (SDL_SHM=0).
-  spark_dl unfused   the same loop after set_knob("fusion_threshold", 0).
+  spark_dl batched   spark_dl.torch.grouped_allreduce_async_ of the step's tensors (torch
+                     views of the same arrays): one call enqueues all, one handle waits
+                     for all (what DistributedOptimizer does with the gradients of a step).
+  spark_dl unfused   the per-tensor loop after set_knob("fusion_threshold", 0).
   torch per-tensor   dist.all_reduce on each tensor in turn (gloo backend).
   torch one bucket   torch.cat into one flat tensor, one all_reduce, results copied back
                      into the tensors (DDP's gradient bucketing with a single bucket).
 
 Both variants of a framework run in the same job, alternating blocks of steps; the jobs
-alternate over --rounds. Targets: fused at least 5x faster than unfused, and faster than
-torch's one bucket.
+alternate over --rounds. Targets (issue 18), printed at the end from this run's medians:
+the faster of fused and batched takes at most 1.5 ms per step, is at least 3x faster than
+torch's one bucket and at least 3x faster than unfused.
 """
 
 import time
@@ -25,21 +29,26 @@ import time
 import _harness as H
 
 DEFAULT_PEERS = ("spark_dl", "spark_dl_gloo", "torch")
-VARIANTS = {"spark_dl": ("fused", "unfused"), "spark_dl_gloo": ("fused", "unfused"),
+VARIANTS = {"spark_dl": ("fused", "batched", "unfused"),
+            "spark_dl_gloo": ("fused", "batched", "unfused"),
             "torch": ("per_tensor", "bucket")}
-VARIANT_LABELS = {"fused": "fused", "unfused": "unfused", "per_tensor": "per-tensor",
-                  "bucket": "one bucket"}
+VARIANT_LABELS = {"fused": "fused", "batched": "batched", "unfused": "unfused",
+                  "per_tensor": "per-tensor", "bucket": "one bucket"}
 COUNTERS = ("collectives", "cycles", "fused_tensors", "cache_hits", "full_negotiations")
 
 
 def spark_dl_steps(backend, tensors):
     """{variant: select()}; select() sets the variant's knobs and returns its step function."""
+    import torch
+
+    import spark_dl.torch as sdl_torch
     from spark_dl.common import knobs
 
     sdl = backend.sdl
     default_threshold = knobs.value("fusion_threshold")
     names = [f"grad.{i}" for i in range(len(tensors))]
     submit, op = sdl.allreduce_async_, sdl.Sum
+    views = [torch.from_numpy(t) for t in tensors]  # the same memory
 
     def step():
         # Kept lean on purpose: the Python cost per tensor is part of what is measured.
@@ -47,13 +56,18 @@ def spark_dl_steps(backend, tensors):
         for h in handles:
             h.wait()
 
-    def with_threshold(value):
+    def batched():
+        sdl_torch.grouped_allreduce_async_(views, name="grads", op=op).wait()
+
+    def with_threshold(value, fn):
         def select():
             sdl.set_knob("fusion_threshold", value)
-            return step
+            return fn
         return select
 
-    return {"fused": with_threshold(default_threshold), "unfused": with_threshold(0)}
+    return {"fused": with_threshold(default_threshold, step),
+            "batched": with_threshold(default_threshold, batched),
+            "unfused": with_threshold(0, step)}
 
 
 def torch_steps(backend, tensors):
@@ -141,15 +155,24 @@ def driver(args):
                               for v in c))
     print()
     for p in peers:
-        if p.startswith("spark_dl"):
-            speedup = med[(p, "unfused")] / med[(p, "fused")]
-            line = (f"{H.PEER_LABELS[p]}: fused >= 5x faster than unfused: {speedup:.1f}x -> "
-                    f"{'met' if speedup >= 5 else 'NOT met'}")
-            if ("torch", "bucket") in med:
-                tb = med[("torch", "bucket")] / med[(p, "fused")]
-                line += (f"; faster than torch one bucket: {tb:.2f}x -> "
-                         f"{'met' if tb > 1 else 'NOT met'}")
-            print(line)
+        if not p.startswith("spark_dl"):
+            continue
+        best = min(("fused", "batched"), key=lambda v: med[(p, v)])
+        ms = med[(p, best)] * 1e3
+        speedup = med[(p, "unfused")] / med[(p, best)]
+        # Shared memory is held to issue 18's targets; Gloo TCP (the multi-host wire) to parity.
+        want = 3.0 if p == "spark_dl" else 1.0
+        line = (f"{H.PEER_LABELS[p]} {best}: {ms:.2f} ms per step"
+                + (f" (target <= 1.5 -> {'met' if ms <= 1.5 else 'NOT met'})"
+                   if p == "spark_dl" else "")
+                + f"; {speedup:.1f}x faster than unfused"
+                + (f" (target >= 3x -> {'met' if speedup >= 3 else 'NOT met'})"
+                   if p == "spark_dl" else ""))
+        if ("torch", "bucket") in med:
+            tb = med[("torch", "bucket")] / med[(p, best)]
+            line += (f"; {tb:.2f}x torch one bucket (target >= {want:g}x -> "
+                     f"{'met' if tb >= want else 'NOT met'})")
+        print(line)
 
 
 def add_args(parser):

@@ -9,7 +9,7 @@ import time
 from spark_dl import _core
 from spark_dl.common.exceptions import OpTimeoutError, error_for, raise_from_core
 
-__all__ = ["Handle", "CompositeHandle", "poll", "synchronize"]
+__all__ = ["Handle", "CompositeHandle", "BatchHandle", "poll", "synchronize"]
 
 _live = {}  # handle id -> Handle, until synchronized
 
@@ -131,6 +131,59 @@ class CompositeHandle(Handle):
 
     def __repr__(self):
         return f"CompositeHandle(name={self.name!r}, done={self._done})"
+
+
+class BatchHandle(Handle):
+    """Many core operations enqueued by one call (:func:`spark_dl.common.ops.submit_many`),
+    presented as one handle.
+
+    The core numbers a batch's operations consecutively, so this holds two integers
+    (``hid`` is the first, ``count`` how many) instead of one handle object per tensor;
+    :meth:`wait` waits for all of them and takes their results in one call each.
+    ``finish(outputs)`` builds the result: ``outputs`` is None when no operation
+    returned buffers (in-place allreduces), else one list of DLPack outputs per
+    operation. When some operations fail, the others are still waited for and
+    taken (nothing stays pending) and the first failure is raised.
+    """
+
+    __slots__ = ("count",)
+
+    def __init__(self, first, count, keep, finish, name=""):  # noqa: D107 - see the class
+        super().__init__(first, keep, finish, name)
+        self.count = count
+
+    def poll(self):
+        if self._done:
+            return True
+        try:
+            return _core.wait_range(self.hid, self.count, 0.0)
+        except _core.CoreError as e:
+            raise_from_core(e)
+
+    def wait(self, timeout=None):
+        if self._done:
+            return self._result
+        try:
+            limit = -1.0 if timeout is None else float(timeout)
+            if not _core.wait_range(self.hid, self.count, limit):
+                raise OpTimeoutError(
+                    f"{self.count} operations '{self.name}' did not all finish within {timeout} s; "
+                    "they are still pending")
+            failures, outputs = _core.take_range(self.hid, self.count)
+        except _core.CoreError as e:
+            raise_from_core(e)
+        _live.pop(self.hid, None)
+        self._done = True
+        self._keep = None
+        if failures:
+            _, code, message = failures[0]
+            raise error_for(code, message)
+        self._result = self._finish(outputs)
+        self._finish = None
+        return self._result
+
+    def __repr__(self):
+        return f"BatchHandle({self.hid}+{self.count}, name={self.name!r}, done={self._done})"
 
 
 def poll(handle):

@@ -16,12 +16,12 @@ from spark_dl import _core
 from spark_dl.common.basics import rank as _global_rank
 from spark_dl.common.basics import size as _global_size
 from spark_dl.common.exceptions import InvalidArgumentError, raise_from_core
-from spark_dl.common.handles import Handle
+from spark_dl.common.handles import BatchHandle, Handle
 from spark_dl.common.process_sets import global_process_set
 
 __all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "resolve_op", "auto_name",
            "group_name", "set_size", "set_rank", "set_ranks", "root_index", "even_splits", "submit",
-           "DLPackTensor"]
+           "submit_many", "DLPackTensor", "DTYPES"]
 
 Average = _core.REDUCE_OPS["Average"]
 Sum = _core.REDUCE_OPS["Sum"]
@@ -33,6 +33,8 @@ Adasum = -1
 _REDUCE_OPS = frozenset([Average, Sum, Min, Max, Product])
 
 OP = _core.OP_TYPES
+# The core's dtype codes by name ('float32': ...), for submit_many's dtypes.
+DTYPES = _core.DTYPES
 _counters = collections.defaultdict(itertools.count)
 
 
@@ -202,3 +204,32 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
     except _core.CoreError as e:
         raise_from_core(e)
     return Handle(hid, (tensor, output, keep), finish or (lambda outputs, ints: None), name=name)
+
+
+def submit_many(kind, names, in_addrs, out_addrs, shapes, dtypes, *, keep, finish,
+                process_set=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+                group="", group_size=0, label=""):
+    """Enqueues a batch of operations of one kind with one call; returns one
+    :class:`~spark_dl.common.handles.BatchHandle` for all of them.
+
+    The fast path for many small tensors (a step's gradients): one call into the
+    core, one wake-up of its background thread, one handle object and one wait,
+    instead of one of each per tensor. Tensors are given by address, shape and
+    core dtype code (:data:`DTYPES`); the caller has checked that each is a
+    C-contiguous CPU tensor of a supported dtype, and ``keep`` holds them (the
+    handle keeps it alive until it is synchronized). ``out_addrs[i]`` 0 asks the
+    core to allocate that allreduce's result. The operations are enqueued all or
+    none. ``finish(outputs)``: see :class:`~spark_dl.common.handles.BatchHandle`.
+
+    Only allreduce is batched so far (its tensors are caller memory of known size).
+    """
+    if kind != "allreduce":
+        raise InvalidArgumentError(f"submit_many runs allreduce only, not {kind}")
+    ps_id = _ps_id(process_set)
+    try:
+        first = _core.enqueue_many(OP[kind], names, in_addrs, out_addrs, shapes, dtypes, ps_id,
+                                   int(op), float(prescale_factor), float(postscale_factor), 0,
+                                   group, int(group_size))
+    except _core.CoreError as e:
+        raise_from_core(e)
+    return BatchHandle(first, len(names), keep, finish, name=label or group or names[0])

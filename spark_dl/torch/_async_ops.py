@@ -73,6 +73,38 @@ def _target(tensor, what="tensor"):
     return buf, lambda: t.copy_(buf)
 
 
+# torch dtype -> the core's dtype code, for the batched path (submit_many).
+_CORE_DTYPES = {getattr(torch, name): code for name, code in _ops.DTYPES.items()}
+
+
+def _batch_specs(bufs):
+    """(addresses, shapes, dtype codes) of contiguous CPU tensors, for :func:`_ops.submit_many`."""
+    codes = _CORE_DTYPES
+    return ([t.data_ptr() for t in bufs], [t.shape for t in bufs],
+            [codes[t.dtype] for t in bufs])
+
+
+def _batch_targets(tensors):
+    """:func:`_target` of each tensor, for the batched in-place path: (buffers, copy-backs).
+
+    A step's gradients are dense, contiguous CPU tensors of a supported dtype: they are
+    taken as they are with a few attribute reads (this runs once per tensor per step);
+    anything else goes through :func:`_target`, which copies or names the problem.
+    """
+    codes, strided, tensor_type = _CORE_DTYPES, torch.strided, torch.Tensor
+    bufs, copy_backs = [], []
+    for i, t in enumerate(tensors):
+        if (isinstance(t, tensor_type) and t.dtype in codes and t.is_cpu
+                and t.layout is strided and t.is_contiguous()):
+            bufs.append(t)
+            continue
+        buf, copy_back = _target(t, f"tensors[{i}]")
+        bufs.append(buf)
+        if copy_back is not None:
+            copy_backs.append(copy_back)
+    return bufs, copy_backs
+
+
 def _wrap(capsule):
     """A torch tensor over one of the core's output buffers (no copy)."""
     return torch.from_dlpack(capsule)
@@ -135,35 +167,54 @@ def grouped_allreduce_named(tensors, average, name, op, prescale_factor, postsca
     ``<name>.<i>``) name the members, e.g. after the parameters whose gradients they are."""
     tensors = _as_list(tensors, "grouped_allreduce")
     op = resolve_op(average, op)
-    # Check every tensor before enqueueing any: a half-enqueued group would never complete.
+    # Every tensor is checked before any is enqueued (and submit_many enqueues all or none):
+    # a half-enqueued group would never complete.
     if in_place:
-        prepared = [_target(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+        bufs, copy_backs = _batch_targets(tensors)
     else:
-        prepared = []
-        for i, t in enumerate(tensors):
-            prepared.append((_source(t, f"tensors[{i}]"), None))  # the core allocates out
+        bufs = [_source(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
     group = group_name("grouped_allreduce", name, process_set)
     if member_names is None:
         member_names = [f"{group}.{i}" for i in range(len(tensors))]
-    handles = []
-    for i, (t, (a, b)) in enumerate(zip(tensors, prepared)):
-        if in_place:
-            buf, copy_back = a, b
+    # One call enqueues every member, one handle waits for all (submit_many).
+    addrs, shapes, dtypes = _batch_specs(bufs)
+    if in_place:
+        def finish(outputs):
+            for copy_back in copy_backs:
+                copy_back()
+            return list(tensors)
 
-            def finish(o, ints, t=t, copy_back=copy_back):
-                if copy_back is not None:
-                    copy_back()
-                return t
+        outs = addrs
+    else:
+        def finish(outputs):
+            return [_wrap(o[0]) for o in outputs]
 
-            src, out = buf, buf
-        else:
-            src, out = a, None
-            finish = (lambda o, ints: _wrap(o[0]))
-        handles.append(_ops.submit(
-            "allreduce", member_names[i], src, out, finish=finish, process_set=process_set, op=op,
-            prescale_factor=prescale_factor, postscale_factor=postscale_factor, group=group,
-            group_size=len(tensors), core_output=not in_place))
-    return CompositeHandle(handles, list, group)
+        outs = [0] * len(bufs)  # the core allocates each result
+    return _ops.submit_many("allreduce", member_names, addrs, outs, shapes, dtypes,
+                            keep=(tensors, bufs), finish=finish, process_set=process_set, op=op,
+                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                            group=group, group_size=len(tensors), label=group)
+
+
+def batched_allreduce_async_(tensors, names, op, prescale_factor, postscale_factor, process_set):
+    """In-place allreduces of many tensors with one call: independent operations (not a
+    group: each runs as soon as every rank has it), one wake-up of the core's background
+    thread and one :class:`~spark_dl.common.handles.BatchHandle` whose result is the
+    list of tensors. What :class:`~spark_dl.torch.DistributedOptimizer` uses for the
+    gradients of a step."""
+    bufs, copy_backs = _batch_targets(tensors)
+    addrs, shapes, dtypes = _batch_specs(bufs)
+
+    def finish(outputs):
+        for copy_back in copy_backs:
+            copy_back()
+        return tensors
+
+    label = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1})"
+    return _ops.submit_many("allreduce", names, addrs, addrs, shapes, dtypes,
+                            keep=(tensors, bufs), finish=finish, process_set=process_set, op=op,
+                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                            label=label)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,

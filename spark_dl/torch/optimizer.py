@@ -1,18 +1,26 @@
 """DistributedOptimizer: averages gradients across ranks while the backward pass runs.
 
 A hook on every parameter fires as soon as autograd has accumulated that
-parameter's gradient and starts its allreduce in place (``p.grad``), so
-communication overlaps the rest of the backward pass; ``step()`` waits for
-the allreduces still in flight, then runs the wrapped optimizer's update.
-The core fuses the small allreduces that arrive together into one collective
-and serves repeated steps from its response cache, so per-parameter
-operations cost little.
+parameter's gradient and queues its in-place allreduce (``p.grad``). Queued
+gradients are handed to the core together, in one call with one handle
+(:func:`~spark_dl.torch._async_ops.batched_allreduce_async_`), when the last
+expected gradient of the step arrives or when the queue holds
+``_FLUSH_BYTES`` (25 MiB, DDP's bucket size: large models still overlap
+communication with the rest of the backward pass, as DDP's buckets do); ``step()`` flushes what is left, waits,
+then runs the wrapped optimizer's update. Per-tensor calls would each wake
+the core's background thread, which then negotiates and runs the first few
+gradients while the rest are still arriving (issue 18 measured that path
+slower than not fusing at all). The core fuses each batch into one collective
+and serves repeated steps from its response cache. Every rank names the
+same gradients, so which rank flushes when does not matter for correctness:
+the core negotiates by name.
 
 Lifecycle of one parameter ``p`` between two steps (``backward_passes_per_step`` = k):
 
 1. each backward pass accumulates into ``p.grad`` and decrements ``p``'s
-   countdown; the k-th starts the allreduce (or, for a parameter in a group,
+   countdown; the k-th queues the allreduce (or, for a parameter in a group,
    counts towards its group, whose grouped allreduce starts with its last member);
+   the queue is flushed as described above;
 2. ``synchronize()`` starts what the hooks did not (parameters unused in this
    step get zero gradients, incomplete groups), waits for every allreduce,
    writes the results back into the gradients and resets the countdowns;
@@ -29,11 +37,18 @@ from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import synchronize as _wait
 from spark_dl.common.ops import Average, resolve_op, set_size
 from spark_dl.common.process_sets import global_process_set
-from spark_dl.torch._async_ops import (allreduce_async_, grouped_allreduce_named,
+from spark_dl.torch._async_ops import (batched_allreduce_async_, grouped_allreduce_named,
                                        sparse_allreduce_async)
 from spark_dl.torch.compression import Compression
 
 __all__ = ["DistributedOptimizer"]
+
+# Queued gradient bytes that start a batch before the step's last gradient arrives: DDP's
+# default bucket size (bucket_cap_mb=25). Smaller batches start communicating earlier in the
+# backward pass, but every batch is one more negotiation cycle and one more collective whose
+# waits compete with the backward pass for the cores (on a 2-core machine a 1 MiB threshold
+# measured no faster: docs/benchmarks.md).
+_FLUSH_BYTES = 25 << 20
 
 _TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
@@ -72,7 +87,12 @@ class _DistributedOptimizer:
                 self._group_of[p] = k
 
         self._delay = {p: backward_passes_per_step for p in self._requires_update}
-        self._handles = {}          # p -> (handle, compression ctx, wire tensor)
+        self._ungrouped = sum(1 for p in self._requires_update if p not in self._group_of)
+        self._started = set()       # ungrouped parameters queued or reduced in this step
+        self._queue = []            # (p, compression ctx, wire tensor) not yet handed over
+        self._queue_bytes = 0
+        self._batches = []          # (batch handle, [(p, ctx, wire)])
+        self._handles = {}          # p -> (handle, compression ctx, wire tensor): sparse
         self._group_handles = {}    # group index -> (handle, [ctx], [wire tensor])
         self._group_ready = [0] * len(self._groups)
         self._touched = set()       # parameters whose hook ran since the last synchronize
@@ -121,7 +141,9 @@ class _DistributedOptimizer:
             return
         k = self._group_of.get(p)
         if k is None:
-            self._handles[p] = self._allreduce_grad_async(p)
+            self._queue_grad(p)
+            if len(self._started) == self._ungrouped or self._queue_bytes >= _FLUSH_BYTES:
+                self._flush()
             return
         self._group_ready[k] += 1
         if self._group_ready[k] == len(self._groups[k]):
@@ -155,17 +177,29 @@ class _DistributedOptimizer:
                 p.grad = p.grad.to_dense()
         return p.grad
 
-    def _allreduce_grad_async(self, p):
-        name = self._parameter_names[p]
+    def _queue_grad(self, p):
+        """Queues ``p``'s dense gradient for the next batch (a sparse one starts now)."""
+        self._started.add(p)
         grad = self._dense_grad(p)
         if grad.layout != torch.strided:
-            return sparse_allreduce_async(grad, name=name, op=self._op,
-                                          process_set=self.process_set), None, None
+            self._handles[p] = (sparse_allreduce_async(grad, name=self._parameter_names[p],
+                                                       op=self._op, process_set=self.process_set),
+                                None, None)
+            return
         wire, ctx = self._compression.compress(grad)
+        self._queue.append((p, ctx, wire))
+        self._queue_bytes += wire.numel() * wire.element_size()
+
+    def _flush(self):
+        """Hands the queued gradients to the core: one call, one handle."""
+        if not self._queue:
+            return
+        items, self._queue, self._queue_bytes = self._queue, [], 0
         pre, post = self._scale_factors()
-        handle = allreduce_async_(wire, name=name, op=self._op, prescale_factor=pre,
-                                  postscale_factor=post, process_set=self.process_set)
-        return handle, ctx, wire
+        handle = batched_allreduce_async_(
+            [wire for _, _, wire in items], [self._parameter_names[p] for p, _, _ in items],
+            self._op, pre, post, self.process_set)
+        self._batches.append((handle, items))
 
     def _allreduce_group_async(self, k):
         members = self._groups[k]
@@ -199,14 +233,22 @@ class _DistributedOptimizer:
             self._synchronized = True
             return
         for p in self._requires_update:
-            if p not in self._group_of and p not in self._handles:
-                self._handles[p] = self._allreduce_grad_async(p)
+            if p not in self._group_of and p not in self._started:
+                self._queue_grad(p)
+        self._flush()
         for k in range(len(self._groups)):
             if k not in self._group_handles:
                 self._group_handles[k] = self._allreduce_group_async(k)
         # Wait for every handle even after a failure, so that nothing stays in flight,
         # then raise the first error (a mismatch names the parameter).
         error = None
+        for handle, items in self._batches:
+            try:
+                _wait(handle)
+                for p, ctx, wire in items:
+                    self._store(p, wire, ctx, wire)
+            except Exception as e:  # noqa: BLE001 - re-raised below
+                error = error or e
         for p, (handle, ctx, wire) in self._handles.items():
             try:
                 self._store(p, _wait(handle), ctx, wire)
@@ -219,6 +261,8 @@ class _DistributedOptimizer:
             except Exception as e:  # noqa: BLE001 - re-raised below
                 error = error or e
         self._handles.clear()
+        self._batches.clear()
+        self._started.clear()
         self._group_handles.clear()
         self._touched.clear()
         self._group_ready = [0] * len(self._groups)
@@ -258,7 +302,7 @@ class _DistributedOptimizer:
 
     def zero_grad(self, *args, **kwargs):
         """The wrapped optimizer's ``zero_grad``; refused while gradients are being reduced."""
-        if self._handles or self._group_handles or self._touched:
+        if self._handles or self._batches or self._queue or self._group_handles or self._touched:
             raise AssertionError(_ZERO_GRAD_RACE)
         return super().zero_grad(*args, **kwargs)
 

@@ -834,7 +834,7 @@ def errors():
                                    named_parameters=model.named_parameters())
     model(torch.ones(2, 4)).sum().backward()
     # The hooks started the allreduces during backward, before step().
-    out["started_in_backward"] = len(opt._handles)
+    out["started_in_backward"] = len(opt._handles) + sum(len(items) for _, items in opt._batches)
     opt.step()
     out["rewrapped_grad"] = model.bias.grad.tolist()
     opt.zero_grad()

@@ -29,20 +29,35 @@ std::chrono::milliseconds Ms(double s) {
 // Gloo dislikes null buffers even for zero elements.
 char kEmpty[8];
 
-// Allreduces whose gathered size is at most this many bytes run as one
-// allgather plus a local reduction: n-1 ring steps instead of the 2(n-1) of
-// Gloo's ring allreduce, which is what small messages (negotiation bit
-// vectors, scalars, small gradients) pay for in latency.
-constexpr size_t kGatherReduceBytes = 64 * 1024;
+// Small allreduces (negotiation bit vectors, scalars, small gradients) pay
+// for latency, not bandwidth: they run in as few sequential exchange rounds as
+// possible. One allgather plus a local reduction takes n-1 rounds (Gloo's ring
+// allgather); recursive doubling takes log2(n) rounds (two more when n is not
+// a power of two) and receives log2(n) messages instead of n-1. Whichever has
+// fewer rounds runs: the allgather on 2 and 3 ranks, doubling from 4 on. The
+// negotiation's bit vector crosses every rank every cycle, so on many hosts
+// this is the difference between a cycle growing linearly with the job and
+// growing with its logarithm (docs/benchmarks.md, "Cost at scale").
+constexpr size_t kGatherReduceBytes = 64 * 1024;  // gathered bytes (allgather form)
+constexpr size_t kDoublingBytes = 64 * 1024;      // per-rank bytes (doubling form)
 
 // Larger allreduces run as a ring (reduce-scatter, then allgather) written on
 // Gloo's send/recv buffers. Each step's block moves in chunks of this many
 // bytes, so a chunk is reduced while the next ones are still on the wire.
 constexpr size_t kRingChunkBytes = 256 * 1024;
 
-// Slot prefix for our own point-to-point exchanges (Gloo's collectives use
+// Slot prefixes for our own point-to-point exchanges (Gloo's collectives use
 // 0x01-0x08; the tag keeps successive operations apart).
 constexpr uint8_t kRingSlotPrefix = 0x53;
+constexpr uint8_t kDoublingSlotPrefix = 0x54;
+
+// Exchange rounds of recursive doubling on n ranks: log2 of the largest power
+// of two <= n, plus a fold and an unfold round for the ranks beyond it.
+int DoublingRounds(int n) {
+  int p2 = 1, rounds = 0;
+  while (p2 * 2 <= n) p2 *= 2, ++rounds;
+  return rounds + (p2 < n ? 2 : 0);
+}
 
 }  // namespace
 
@@ -98,6 +113,10 @@ void GlooComm::Rethrow(const char* what, const std::exception& e) {
 void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
   if (count == 0) return;
   const size_t bytes = count * DataTypeSize(dt);
+  if (bytes <= kDoublingBytes && DoublingRounds(size_) < size_ - 1) {
+    DoublingAllreduce(static_cast<char*>(buf), count, dt, op);
+    return;
+  }
   if (bytes * size_ <= kGatherReduceBytes) {
     GatherReduce(buf, count, bytes, dt, op);
     return;
@@ -138,6 +157,63 @@ void GlooComm::GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, 
   // Every rank reduces in rank order, so every rank ends with the same bits.
   std::memcpy(buf, gather_.data(), bytes);
   for (int q = 1; q < size_; ++q) Reduce(buf, buf, gather_.data() + q * bytes, count, dt, op);
+}
+
+void GlooComm::DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) {
+  const size_t bytes = count * DataTypeSize(dt);
+  const int n = size_;
+  int p2 = 1;
+  while (p2 * 2 <= n) p2 *= 2;
+  doubling_tmp_.resize(bytes);
+  const auto timeout = ctx_->getTimeout();
+  try {
+    auto data = ctx_->createUnboundBuffer(buf, bytes);
+    auto tmp = ctx_->createUnboundBuffer(doubling_tmp_.data(), bytes);
+    // Both partners of an exchange compute lower-rank value op higher-rank
+    // value, so they hold the same bits afterwards; by induction every rank
+    // ends with the same bits (the operations are commutative, the explicit
+    // order keeps that true without relying on it).
+    auto combine = [&](int peer) {
+      if (rank_ < peer) Reduce(buf, buf, doubling_tmp_.data(), count, dt, op);
+      else Reduce(buf, doubling_tmp_.data(), buf, count, dt, op);
+    };
+    auto exchange = [&](int peer) {
+      const uint64_t slot = gloo::Slot::build(kDoublingSlotPrefix, tag_++);
+      tmp->recv(peer, slot, 0, bytes);
+      data->send(peer, slot, 0, bytes);
+      tmp->waitRecv(timeout);
+      data->waitSend(timeout);  // buf is overwritten next: the send must be out
+      combine(peer);
+    };
+    // Fold: rank p2 + i hands its value to rank i, which reduces it in.
+    const uint64_t fold = gloo::Slot::build(kDoublingSlotPrefix, tag_++);
+    if (rank_ >= p2) {
+      data->send(rank_ - p2, fold, 0, bytes);
+      data->waitSend(timeout);
+    } else if (rank_ + p2 < n) {
+      tmp->recv(rank_ + p2, fold, 0, bytes);
+      tmp->waitRecv(timeout);
+      combine(rank_ + p2);
+    }
+    // Doubling among the first p2 ranks: partners differ in one bit per round.
+    // Every rank takes the same tags (the folded ones skip the rounds' slots),
+    // so that the next operation's slots agree on every rank.
+    for (int mask = 1; mask < p2; mask <<= 1) {
+      if (rank_ < p2) exchange(rank_ ^ mask);
+      else ++tag_;
+    }
+    // Unfold: the folded ranks receive the result.
+    const uint64_t unfold = gloo::Slot::build(kDoublingSlotPrefix, tag_++);
+    if (rank_ >= p2) {
+      data->recv(rank_ - p2, unfold, 0, bytes);
+      data->waitRecv(timeout);
+    } else if (rank_ + p2 < n) {
+      data->send(rank_ + p2, unfold, 0, bytes);
+      data->waitSend(timeout);
+    }
+  } catch (const gloo::Exception& e) {
+    Rethrow("allreduce", e);
+  }
 }
 
 void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) {

@@ -46,12 +46,14 @@ class GlooComm : public Comm {
   [[noreturn]] void Rethrow(const char* what, const std::exception& e);
   void GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, ReduceOp op);
   void RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op);
+  void DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op);
   std::shared_ptr<gloo::Context> ctx_;
   int rank_, size_;
   std::vector<int> global_ranks_;
   uint32_t tag_ = 0;
   std::vector<uint8_t> gather_;    // GatherReduce's receive buffer, reused
   std::vector<char> ring_tmp_;     // RingAllreduce's receive block, reused
+  std::vector<char> doubling_tmp_; // DoublingAllreduce's receive buffer, reused
 };
 
 }  // namespace sdl

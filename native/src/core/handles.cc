@@ -147,22 +147,25 @@ Buffer::Buffer(size_t n) : bytes(n) {
   data = std::unique_ptr<char[], OutputDeleter>(p, OutputDeleter{capacity});
 }
 
-int64_t HandleTable::Create() {
+int64_t HandleTable::CreateRange(int64_t n) {
   std::lock_guard<std::mutex> lk(mu_);
-  int64_t h = next_++;
-  states_[h];
-  return h;
+  const int64_t first = next_;
+  next_ += n;
+  for (int64_t h = first; h < next_; ++h) states_[h];
+  return first;
 }
 
 void HandleTable::Complete(int64_t h, Result r) {
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = states_.find(h);
     if (it == states_.end() || it->second.done) return;
     it->second.done = true;
     it->second.result = std::move(r);
+    wake = it->second.waited;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
 }
 
 bool HandleTable::Poll(int64_t h) {
@@ -173,31 +176,57 @@ bool HandleTable::Poll(int64_t h) {
   return it->second.done;
 }
 
-bool HandleTable::Wait(int64_t h, double timeout_s) {
+bool HandleTable::WaitRange(int64_t first, int64_t n, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s < 0 ? 0 : timeout_s));
   std::unique_lock<std::mutex> lk(mu_);
-  auto done = [&] {
+  // Sleeps on the first unfinished handle until it is done, then moves on:
+  // handles finish roughly in order, so this sleeps about once per collective.
+  for (int64_t h = first; h < first + n; ++h) {
     auto it = states_.find(h);
     if (it == states_.end())
       throw Error(ErrorCode::kInvalidArgument, "unknown handle " + std::to_string(h));
-    return it->second.done;
-  };
-  if (timeout_s < 0) {
-    cv_.wait(lk, done);
-    return true;
+    if (it->second.done) continue;
+    it->second.waited = true;
+    // Looked up again at every wake-up: another thread may have taken it meanwhile.
+    auto done = [&] {
+      auto found = states_.find(h);
+      if (found == states_.end())
+        throw Error(ErrorCode::kInvalidArgument, "unknown handle " + std::to_string(h));
+      return found->second.done;
+    };
+    if (timeout_s < 0) {
+      cv_.wait(lk, done);
+    } else if (!cv_.wait_until(lk, deadline, done)) {
+      return false;
+    }
   }
-  return cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), done);
+  return true;
 }
 
 Result HandleTable::Take(int64_t h) {
+  std::vector<Result> r = TakeRange(h, 1);
+  return std::move(r[0]);
+}
+
+std::vector<Result> HandleTable::TakeRange(int64_t first, int64_t n) {
   std::lock_guard<std::mutex> lk(mu_);
-  auto it = states_.find(h);
-  if (it == states_.end())
-    throw Error(ErrorCode::kInvalidArgument, "unknown handle " + std::to_string(h));
-  if (!it->second.done)
-    throw Error(ErrorCode::kInvalidArgument, "handle " + std::to_string(h) + " is not finished");
-  Result r = std::move(it->second.result);
-  states_.erase(it);
-  return r;
+  for (int64_t h = first; h < first + n; ++h) {
+    auto it = states_.find(h);
+    if (it == states_.end())
+      throw Error(ErrorCode::kInvalidArgument, "unknown handle " + std::to_string(h));
+    if (!it->second.done)
+      throw Error(ErrorCode::kInvalidArgument, "handle " + std::to_string(h) + " is not finished");
+  }
+  std::vector<Result> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t h = first; h < first + n; ++h) {
+    auto it = states_.find(h);
+    out.push_back(std::move(it->second.result));
+    states_.erase(it);
+  }
+  return out;
 }
 
 void HandleTable::FailAll(ErrorCode code, const std::string& msg) {

@@ -56,21 +56,39 @@ struct Result {
   std::vector<int64_t> ints;                     // alltoall: received splits; join: last rank
 };
 
+// Handles are consecutive integers: a batch of n operations (Runtime::
+// EnqueueMany) gets [first, first + n), so a binding can hold one integer pair
+// for a whole step's tensors and wait for all of them in one call.
+//
+// Wake-ups: Complete signals only when a caller sleeps on that very handle
+// (State::waited). A fused collective completes hundreds of handles in a row;
+// signalling each would wake the waiting thread hundreds of times, and on a
+// machine with fewer cores than busy threads every wake-up is a context switch
+// that steals time from the background thread still completing the rest.
 class HandleTable {
  public:
-  int64_t Create();
+  int64_t Create() { return CreateRange(1); }
+  // n >= 1 consecutive handles; returns the first.
+  int64_t CreateRange(int64_t n);
   void Complete(int64_t h, Result r);
   bool Poll(int64_t h);
   // True when done; false when timeout_s (< 0: no limit) passed first.
-  bool Wait(int64_t h, double timeout_s);
+  bool Wait(int64_t h, double timeout_s) { return WaitRange(h, 1, timeout_s); }
+  // True when every handle of [first, first + n) is done; false when timeout_s
+  // (< 0: no limit) passed first. Throws when one of them is unknown.
+  bool WaitRange(int64_t first, int64_t n, double timeout_s);
   // Removes and returns a finished handle's result. Throws when unknown.
   Result Take(int64_t h);
+  // Take of every handle of [first, first + n), which must all be finished
+  // (checked before any is removed).
+  std::vector<Result> TakeRange(int64_t first, int64_t n);
   // Completes every unfinished handle with this error (shutdown / failure).
   void FailAll(ErrorCode code, const std::string& msg);
 
  private:
   struct State {
     bool done = false;
+    bool waited = false;  // a caller sleeps until this one is done
     Result result;
   };
   std::mutex mu_;

@@ -332,13 +332,22 @@ void Runtime::CheckUsable(const Request* req) {
 
 int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                          bool core_output, uintptr_t stream) {
-  CheckUsable(&req);
-  std::shared_ptr<ProcessSet> ps = FindSet(ps_id);
-  if (!ps->member())
-    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(opts_.topo.rank) +
-                                                 " is not a member of process set " +
-                                                 std::to_string(ps_id) + " " +
-                                                 ShapeString({ps->ranks.begin(), ps->ranks.end()}));
+  std::vector<Submission> one(1);
+  one[0].req = std::move(req);
+  one[0].in = in;
+  one[0].out = out;
+  one[0].core_output = core_output;
+  one[0].stream = stream;
+  return EnqueueMany(ps_id, std::move(one));
+}
+
+void Runtime::CheckSubmission(const ProcessSet& ps, Submission& sub,
+                              std::shared_ptr<Buffer>* output_ptr) {
+  Request& req = sub.req;
+  const void* in = sub.in;
+  void*& out = sub.out;
+  const bool core_output = sub.core_output;
+  std::shared_ptr<Buffer>& output = *output_ptr;
   if (req.name.empty()) throw Error(ErrorCode::kInvalidArgument, "operation name is empty");
   const bool tensor_op = req.op != OpType::kBarrier && req.op != OpType::kJoin &&
                          req.op != OpType::kProcessSetAdd && req.op != OpType::kProcessSetRemove;
@@ -350,15 +359,15 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
        req.op == OpType::kReducescatter) && req.shape.empty())
     throw Error(ErrorCode::kInvalidArgument, std::string(OpTypeName(req.op)) + " of '" + req.name +
                                                  "' needs a tensor with at least one dimension");
-  if (req.op == OpType::kBroadcast && (req.root < 0 || req.root >= ps->size()))
+  if (req.op == OpType::kBroadcast && (req.root < 0 || req.root >= ps.size()))
     throw Error(ErrorCode::kInvalidArgument,
                 "broadcast root " + std::to_string(req.root) + " of '" + req.name +
-                    "' is outside the process set of size " + std::to_string(ps->size()));
+                    "' is outside the process set of size " + std::to_string(ps.size()));
   if (req.op == OpType::kAlltoall) {
-    if (static_cast<int>(req.splits.size()) != ps->size())
+    if (static_cast<int>(req.splits.size()) != ps.size())
       throw Error(ErrorCode::kInvalidArgument,
                   "alltoall of '" + req.name + "' needs one split per rank (" +
-                      std::to_string(ps->size()) + "), got " + std::to_string(req.splits.size()));
+                      std::to_string(ps.size()) + "), got " + std::to_string(req.splits.size()));
     int64_t sum = 0;
     for (int64_t s : req.splits) {
       if (s < 0) throw Error(ErrorCode::kInvalidArgument, "alltoall splits must be >= 0");
@@ -379,7 +388,6 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "': only an allreduce without an output tensor can ask the core for its output");
-  std::shared_ptr<Buffer> output;
   if (core_output && !req.device.host())
     throw Error(ErrorCode::kInvalidArgument,
                 "allreduce of '" + req.name + "': the core allocates outputs for host tensors "
@@ -397,25 +405,43 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "' needs an output tensor (pass the input again to work in place)");
-  int64_t h;
-  const OpType op = req.op;
-  const std::string name = req.name;
+}
+
+int64_t Runtime::EnqueueMany(int32_t ps_id, std::vector<Submission> subs) {
+  if (subs.empty()) throw Error(ErrorCode::kInvalidArgument, "nothing to enqueue");
+  CheckUsable(&subs[0].req);
+  const OpType op = subs[0].req.op;      // for the stop message of a raced shutdown
+  const std::string name = subs[0].req.name;
+  std::shared_ptr<ProcessSet> ps = FindSet(ps_id);
+  if (!ps->member())
+    throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(opts_.topo.rank) +
+                                                 " is not a member of process set " +
+                                                 std::to_string(ps_id) + " " +
+                                                 ShapeString({ps->ranks.begin(), ps->ranks.end()}));
+  std::vector<std::shared_ptr<Buffer>> outputs(subs.size());
+  for (size_t i = 0; i < subs.size(); ++i) CheckSubmission(*ps, subs[i], &outputs[i]);
+  int64_t first;
   {
     std::lock_guard<std::mutex> lk(ps->mu);
-    if (ps->inflight.count(req.name))
-      throw Error(ErrorCode::kDuplicateName,
-                  "an operation named '" + req.name +
-                      "' is already in flight on this rank; wait for it or use another name");
-    h = handles_.Create();
-    ps->inflight.insert(req.name);
-    Entry e;
-    e.req = std::move(req);
-    e.in = in;
-    e.out = out;
-    e.output = std::move(output);
-    e.handle = h;
-    e.stream = stream;
-    ps->incoming.push_back(std::move(e));
+    for (size_t i = 0; i < subs.size(); ++i) {
+      if (!ps->inflight.insert(subs[i].req.name).second) {
+        for (size_t j = 0; j < i; ++j) ps->inflight.erase(subs[j].req.name);  // all or nothing
+        throw Error(ErrorCode::kDuplicateName,
+                    "an operation named '" + subs[i].req.name +
+                        "' is already in flight on this rank; wait for it or use another name");
+      }
+    }
+    first = handles_.CreateRange(static_cast<int64_t>(subs.size()));
+    for (size_t i = 0; i < subs.size(); ++i) {
+      Entry e;
+      e.req = std::move(subs[i].req);
+      e.in = subs[i].in;
+      e.out = subs[i].out;
+      e.output = std::move(outputs[i]);
+      e.handle = first + static_cast<int64_t>(i);
+      e.stream = subs[i].stream;
+      ps->incoming.push_back(std::move(e));
+    }
   }
   {
     std::lock_guard<std::mutex> lk(wake_mu_);
@@ -427,7 +453,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
     std::lock_guard<std::mutex> lk(status_mu_);
     handles_.FailAll(stop_code_, StopMessageLocked(op, name));
   }
-  return h;
+  return first;
 }
 
 std::pair<int32_t, int64_t> Runtime::AddProcessSet(std::vector<int32_t> ranks) {

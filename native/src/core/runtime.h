@@ -79,6 +79,22 @@ class Runtime {
   int64_t Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                   bool core_output = false, uintptr_t stream = 0);
 
+  // One operation of a batch: Enqueue's arguments.
+  struct Submission {
+    Request req;
+    const void* in = nullptr;
+    void* out = nullptr;
+    bool core_output = false;
+    uintptr_t stream = 0;  // the framework's stream of a device tensor (see Enqueue)
+  };
+  // Enqueues a batch on one set, all or nothing (every submission is checked
+  // before any is queued), under one lock and with one wake-up of the
+  // background thread. Returns the first of subs.size() consecutive handles,
+  // in submission order. What a step's gradients need: a per-tensor Enqueue
+  // wakes the background thread for each tensor, which then runs cycles on
+  // the first few while the caller is still enqueueing the rest.
+  int64_t EnqueueMany(int32_t ps_id, std::vector<Submission> subs);
+
   // Registers a new process set (every rank calls it, in the same order).
   // Members connect before this returns; the set becomes usable on every rank
   // in the same cycle, when the returned handle completes. Returns {id, handle}.
@@ -110,6 +126,9 @@ class Runtime {
   // Why an operation cannot run once the runtime stopped (status_mu_ held): the
   // failure, this rank's own shutdown, or the peers that shut down first.
   std::string StopMessageLocked(OpType op, const std::string& name) const;
+  // Enqueue's argument checks for one submission on ps; allocates a core
+  // output when asked (sub.out then points into *output).
+  void CheckSubmission(const ProcessSet& ps, Submission& sub, std::shared_ptr<Buffer>* output);
   void Loop();
   // Moves newly enqueued entries of a set to the background thread's side.
   void Intake(ProcessSet& ps);

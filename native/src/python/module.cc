@@ -196,6 +196,97 @@ int64_t Enqueue(int op, const std::string& name, std::optional<nb::ndarray<nb::r
   return rt.Enqueue(process_set, std::move(req), in, out, core_output, stream);
 }
 
+// A batch of operations of one kind on caller memory given by address: one
+// call and one wake-up for a step's tensors. The bindings pass addresses they
+// read from their framework (torch's data_ptr()) after checking what the
+// DLPack path checks (CPU, C-contiguous, supported dtype), and keep the
+// tensors alive until the handles are taken: exporting a DLPack capsule costs
+// a few microseconds per torch tensor, more than the rest of the enqueue.
+// out_addrs[i] == 0 asks the core to allocate that allreduce's output.
+int64_t EnqueueMany(int op, const std::vector<std::string>& names,
+                    const std::vector<uintptr_t>& in_addrs, const std::vector<uintptr_t>& out_addrs,
+                    const std::vector<std::vector<int64_t>>& shapes, const std::vector<int>& dtypes,
+                    int32_t process_set, int reduce, double prescale, double postscale,
+                    int32_t root, const std::string& group, int32_t group_size) {
+  Runtime& rt = Rt();
+  const size_t n = names.size();
+  if (in_addrs.size() != n || out_addrs.size() != n || shapes.size() != n || dtypes.size() != n)
+    throw Error(ErrorCode::kInvalidArgument,
+                "enqueue_many: names, addresses, shapes and dtypes must have one entry per tensor");
+  std::vector<Runtime::Submission> subs(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (dtypes[i] < 0 || dtypes[i] > static_cast<int>(DataType::kBool))
+      throw Error(ErrorCode::kInvalidArgument, "enqueue_many: bad dtype code for '" + names[i] + "'");
+    Request& req = subs[i].req;
+    req.op = static_cast<OpType>(op);
+    req.name = names[i];
+    req.dtype = static_cast<DataType>(dtypes[i]);
+    req.reduce = static_cast<ReduceOp>(reduce);
+    req.prescale = prescale;
+    req.postscale = postscale;
+    req.root = root;
+    req.shape = shapes[i];
+    req.group = group;
+    req.group_size = group_size;
+    subs[i].in = reinterpret_cast<const void*>(in_addrs[i]);
+    subs[i].out = reinterpret_cast<void*>(out_addrs[i]);
+    subs[i].core_output = out_addrs[i] == 0 && req.op == OpType::kAllreduce;
+  }
+  nb::gil_scoped_release nogil;
+  return rt.EnqueueMany(process_set, std::move(subs));
+}
+
+// Waits in slices without the GIL, checking for signals between them, so that
+// Ctrl-C and pytest-timeout's alarm interrupt a stuck collective (the handles
+// stay pending).
+bool WaitRange(int64_t first, int64_t n, double timeout_s) {
+  Runtime& rt = Rt();
+  constexpr double kSliceS = 0.05;
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    double slice = kSliceS;
+    if (timeout_s >= 0) {
+      double left = timeout_s - std::chrono::duration<double>(
+                                    std::chrono::steady_clock::now() - start).count();
+      if (left <= 0) return rt.handles().WaitRange(first, n, 0.0);
+      slice = std::min(slice, left);
+    }
+    bool done;
+    {
+      nb::gil_scoped_release nogil;
+      done = rt.handles().WaitRange(first, n, slice);
+    }
+    if (done) return true;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+}
+
+// The results of [first, first + n): (failures, outputs). failures lists
+// (index, code, message) of the operations that failed; outputs is None when
+// no operation returned buffers (in-place allreduces), else one list of
+// DLPack tensors per operation.
+nb::tuple TakeRange(int64_t first, int64_t n) {
+  std::vector<Result> results = Rt().handles().TakeRange(first, n);
+  nb::list failures;
+  bool any_output = false;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (results[i].code != ErrorCode::kOk)
+      failures.append(nb::make_tuple(i, static_cast<int>(results[i].code), results[i].message));
+    any_output |= !results[i].outputs.empty();
+  }
+  nb::object outputs = nb::none();
+  if (any_output) {
+    nb::list all;
+    for (Result& r : results) {
+      nb::list outs;
+      for (auto& b : r.outputs) outs.append(ToArray(b));
+      all.append(outs);
+    }
+    outputs = all;
+  }
+  return nb::make_tuple(failures, outputs);
+}
+
 nb::tuple Take(int64_t h) {
   Result r = Rt().handles().Take(h);
   nb::list outs;
@@ -228,7 +319,7 @@ NB_MODULE(_core, m) {
   nb::register_exception_translator(TranslateErrors);
 
   // Enumerations the Python layer uses, exported so no copy is kept by hand.
-  nb::dict reduce_ops, op_types, error_codes;
+  nb::dict reduce_ops, op_types, error_codes, dtypes;
   for (ReduceOp r : {ReduceOp::kAverage, ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax,
                      ReduceOp::kProduct})
     reduce_ops[ReduceOpName(r)] = static_cast<int>(r);
@@ -241,6 +332,11 @@ NB_MODULE(_core, m) {
       {"shutdown", ErrorCode::kShutdown}, {"not_initialized", ErrorCode::kNotInitialized},
       {"duplicate_name", ErrorCode::kDuplicateName}, {"timeout", ErrorCode::kTimeout}};
   for (auto& [n, c] : codes) error_codes[n] = static_cast<int>(c);
+  for (DataType d : {DataType::kUInt8, DataType::kInt8, DataType::kInt16, DataType::kInt32,
+                     DataType::kInt64, DataType::kFloat16, DataType::kBFloat16,
+                     DataType::kFloat32, DataType::kFloat64, DataType::kBool})
+    dtypes[DataTypeName(d)] = static_cast<int>(d);
+  m.attr("DTYPES") = dtypes;
   m.attr("REDUCE_OPS") = reduce_ops;
   m.attr("OP_TYPES") = op_types;
   m.attr("ERROR_CODES") = error_codes;
@@ -368,32 +464,13 @@ NB_MODULE(_core, m) {
       },
       "capsule"_a);
   m.def("poll", [](int64_t h) { return Rt().handles().Poll(h); });
-  m.def(
-      "wait",
-      [](int64_t h, double timeout_s) {
-        // In slices, without the GIL, checking for signals between them: Ctrl-C and
-        // pytest-timeout's alarm interrupt a stuck collective (the handle stays pending).
-        Runtime& rt = Rt();
-        constexpr double kSliceS = 0.05;
-        const auto start = std::chrono::steady_clock::now();
-        while (true) {
-          double slice = kSliceS;
-          if (timeout_s >= 0) {
-            double left = timeout_s - std::chrono::duration<double>(
-                                          std::chrono::steady_clock::now() - start).count();
-            if (left <= 0) return rt.handles().Poll(h);
-            slice = std::min(slice, left);
-          }
-          bool done;
-          {
-            nb::gil_scoped_release nogil;
-            done = rt.handles().Wait(h, slice);
-          }
-          if (done) return true;
-          if (PyErr_CheckSignals() != 0) throw nb::python_error();
-        }
-      },
-      "handle"_a, "timeout_s"_a = -1.0);
+  m.def("wait", [](int64_t h, double timeout_s) { return WaitRange(h, 1, timeout_s); },
+        "handle"_a, "timeout_s"_a = -1.0);
+  m.def("wait_range", &WaitRange, "first"_a, "count"_a, "timeout_s"_a = -1.0);
+  m.def("take_range", &TakeRange, "first"_a, "count"_a);
+  m.def("enqueue_many", &EnqueueMany, "op"_a, "names"_a, "in_addrs"_a, "out_addrs"_a, "shapes"_a,
+        "dtypes"_a, "process_set"_a = 0, "reduce"_a = 1, "prescale"_a = 1.0, "postscale"_a = 1.0,
+        "root"_a = 0, "group"_a = "", "group_size"_a = 0);
   m.def("take", &Take);
   m.def("add_process_set", [](std::vector<int32_t> ranks) { return Rt().AddProcessSet(std::move(ranks)); });
   m.def("remove_process_set", [](int32_t id) { return Rt().RemoveProcessSet(id); });
