@@ -6,8 +6,9 @@ gradients are handed to the core together, in one call with one handle
 (:func:`~spark_dl.torch._async_ops.batched_allreduce_async_`), when the last
 expected gradient of the step arrives or when the queue holds
 ``_FLUSH_BYTES`` (25 MiB, DDP's bucket size: large models still overlap
-communication with the rest of the backward pass, as DDP's buckets do); ``step()`` flushes what is left, waits,
-then runs the wrapped optimizer's update. Per-tensor calls would each wake
+communication with the rest of the backward pass, as DDP's buckets do);
+``step()`` flushes what is left, waits, then runs the wrapped optimizer's
+update. Per-tensor calls would each wake
 the core's background thread, which then negotiates and runs the first few
 gradients while the rest are still arriving (issue 18 measured that path
 slower than not fusing at all). The core fuses each batch into one collective
