@@ -28,9 +28,14 @@ local             the ``tf.function`` step with no communication (the ceiling un
 Timed stretches of ``--steps`` steps alternate between the peers (``--iters`` per peer,
 the order rotating every stretch), so the noise of a shared machine hits every peer alike;
 whole jobs per peer (``--separate-jobs``) moved by a factor of 3 between rounds on a loaded
-2-core machine. XLA is off everywhere. The table gives images/s per rank (rank 0's clock):
-the median over all stretches of all jobs, the 10th-90th percentile, and spark_dl's ratio
-to each peer.
+2-core machine. XLA is off everywhere, and every peer runs with ``--threads`` TensorFlow
+intra- and inter-op threads (default 1: two ranks on two cores); each keeps its own
+communication threads (spark_dl's background thread, the strategy's gRPC and collective
+threads). The table gives images/s per rank (rank 0's clock): the median over all
+stretches of all jobs, the 10th-90th percentile, rank 0's CPU time per step (all threads
+of the process), and spark_dl's speed relative to each peer three ways: the ratio of the
+pooled medians, the ratio of each job's medians, and the median (and quartiles) of the
+ratios of stretches timed back to back in the same rotation.
 
 Overhead (``--overhead-steps``): inside one ``sdlrun`` job of 1 and of 2 ranks, a
 ``tf.function`` step computing the gradients of a model with ``--tensors`` weight tensors
@@ -188,6 +193,7 @@ def worker_interleaved(args):
 
     import spark_dl.tensorflow as hvd_tf
     from keras_synthetic_benchmark import small_cnn
+    from spark_dl.tensorflow.gradient_tape import allreduce_gradients
     comm = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
@@ -201,14 +207,27 @@ def worker_interleaved(args):
         opt.build(model.trainable_variables)
         return model, opt
 
+    def grads_ready(grads):
+        # --sync-timing: the wall clock once this rank's gradients exist (None otherwise).
+        if not args.sync_timing:
+            return None
+        with tf.control_dependencies(grads):
+            return tf.timestamp()
+
     def tape_step(model, opt, distributed):
         @tf.function
         def step():
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
-            if distributed:
+            if distributed and not args.sync_timing:
                 tape = hvd_tf.DistributedGradientTape(tape)
-            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+            grads = tape.gradient(loss, model.trainable_variables)
+            t_grads = grads_ready(grads)
+            if distributed and args.sync_timing:
+                # What DistributedGradientTape.gradient does after the local gradients.
+                grads = allreduce_gradients(grads, name="DistributedGradientTape")
+            opt.apply(grads, model.trainable_variables)
+            return t_grads
         return step
 
     steps = {}
@@ -223,9 +242,11 @@ def worker_interleaved(args):
         def replica_step():
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, mw_model(x, training=True)) / strategy.num_replicas_in_sync
-            mw_opt.apply(tape.gradient(loss, mw_model.trainable_variables),
-                         mw_model.trainable_variables)
-        strategy.run(replica_step)
+            grads = tape.gradient(loss, mw_model.trainable_variables)
+            t_grads = grads_ready(grads)
+            mw_opt.apply(grads, mw_model.trainable_variables)
+            return t_grads
+        return strategy.run(replica_step)
     steps["mwms"] = mwms_step
     steps["spark_dl"] = tape_step(*build(), distributed=True)
     steps["local"] = tape_step(*build(), distributed=False)
@@ -243,13 +264,25 @@ def worker_interleaved(args):
         for _ in range(args.warmup):
             steps[p]()
     rates = {p: [] for p in peers}
+    cpu_ms = {p: [] for p in peers}  # this process's CPU time per step, all its threads
+    stamps = {p: [] for p in peers}  # --sync-timing: (gradients ready, step returned)
     for i in range(args.iters):
         for p in peers[i % len(peers):] + peers[:i % len(peers)]:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
-                steps[p]()
+                t_grads = steps[p]()
+                if args.sync_timing and p != "spark_dl_fit":
+                    stamps[p].append((float(t_grads), time.time()))
             rates[p].append(args.batch_size * args.steps / (time.perf_counter() - t0))
-    return rank, {"rates": rates}
+            cpu_ms[p].append((time.process_time() - c0) * 1e3 / args.steps)
+    res = {"rates": rates, "cpu_ms": cpu_ms}
+    if args.sync_timing:
+        # How long after the LAST rank's gradients existed this rank's step returned: the
+        # exchange, the update and the way back, without the wait for a slower rank.
+        every = hvd.allgather_object(stamps)
+        res["sync_ms"] = {p: [(mine[1] - max(s[p][n][0] for s in every)) * 1e3
+                              for n, mine in enumerate(stamps[p])] for p in peers}
+    return rank, res
 
 
 def _overhead_model(keras, tensors):
@@ -339,7 +372,8 @@ def _worker_args(args, peer):
             "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
             "--steps", str(args.steps), "--threads", str(args.threads),
             "--tensors", str(args.tensors), "--overhead-steps", str(args.overhead_steps),
-            "--iters", str(args.iters), "--peers", args.peers]
+            "--iters", str(args.iters), "--peers", args.peers] \
+        + (["--sync-timing"] if args.sync_timing else [])
 
 
 def _result(procs):
@@ -394,6 +428,66 @@ def _run_peer(args, peer):
     return _run_processes(args, peer, args.np)
 
 
+def _quantile(values, q):
+    v = sorted(values)
+    return v[int(q * (len(v) - 1))]
+
+
+def _interleaved_report(args, peers):
+    """Runs ``--rounds`` interleaved jobs; prints pooled medians, CPU per step, and
+    spark_dl's speed against each peer: per job (ratio of the job's medians) and per pair
+    of stretches timed back to back (the same rotation of the same job, so the load of the
+    moment hits both)."""
+    samples = {p: [] for p in peers}
+    cpu = {p: [] for p in peers}
+    sync = {p: [] for p in peers}
+    pairs = {p: [] for p in peers}
+    per_job = {p: [] for p in peers}
+    for r in range(args.rounds):
+        t0 = time.perf_counter()
+        res = _run_sdlrun(args, "interleaved", args.np)
+        rates = res["rates"]
+        for p, v in rates.items():
+            samples[p] += v
+            cpu[p] += res["cpu_ms"][p]
+            sync[p] += res.get("sync_ms", {}).get(p, [])
+            if "spark_dl" in rates:
+                pairs[p] += [a / b for a, b in zip(rates["spark_dl"], v)]
+                per_job[p].append(statistics.median(rates["spark_dl"]) / statistics.median(v))
+        print(f"  job {r + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s, load "
+              f"{os.getloadavg()[0]:.1f}); spark_dl / peer: "
+              + ", ".join(f"{p} {per_job[p][-1]:.3f}" for p in peers if per_job[p]),
+              file=sys.stderr, flush=True)
+    print(f"## Throughput: small CNN, batch {args.batch_size} per rank, one job per round "
+          f"with every peer, {args.iters} alternating stretches of {args.steps} steps per "
+          f"peer, {args.rounds} job(s)\n")
+    print("| peer | img/s per rank (median) | p10-p90 | CPU ms per step (rank 0) | "
+          "spark_dl / peer: medians | per job | stretch pairs, median (p25-p75) |")
+    print("|---|---|---|---|---|---|---|")
+    ref = statistics.median(samples["spark_dl"]) if "spark_dl" in samples else None
+    for peer in peers:
+        v = samples[peer]
+        med = statistics.median(v)
+        ratio = f"{ref / med:.3f}" if ref else "-"
+        jobs = " ".join(f"{x:.3f}" for x in per_job[peer]) or "-"
+        pr = (f"{statistics.median(pairs[peer]):.3f} ({_quantile(pairs[peer], 0.25):.3f}-"
+              f"{_quantile(pairs[peer], 0.75):.3f})") if pairs[peer] else "-"
+        print(f"| {LABELS[peer]} | {med:.1f} | {_quantile(v, 0.1):.1f}-{_quantile(v, 0.9):.1f} "
+              f"| {statistics.median(cpu[peer]):.1f} | {ratio} | {jobs} | {pr} |")
+    print()
+    timed = [p for p in peers if sync[p] and p != "local"]
+    if timed:
+        print("From the last rank's gradients to the step's return on rank 0 (exchange, "
+              "update, return; ms):\n")
+        print("| peer | median | p25-p75 | p90 |")
+        print("|---|---|---|---|")
+        for peer in timed:
+            v = sync[peer]
+            print(f"| {LABELS[peer]} | {statistics.median(v):.2f} | {_quantile(v, 0.25):.2f}-"
+                  f"{_quantile(v, 0.75):.2f} | {_quantile(v, 0.9):.2f} |")
+        print()
+
+
 def _stats(values):
     return statistics.median(values), min(values), max(values)
 
@@ -403,26 +497,7 @@ def driver(args):
     print(f"# Keras on {args.np} ranks: {machine}; spark_dl {H.git_revision()}\n")
     peers = [p for p in args.peers.split(",") if p]
     if not args.overhead_only and not args.separate_jobs:
-        samples = {p: [] for p in peers}
-        for r in range(args.rounds):
-            t0 = time.perf_counter()
-            for p, v in _run_sdlrun(args, "interleaved", args.np)["rates"].items():
-                samples[p] += v
-            print(f"  job {r + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s)",
-                  file=sys.stderr, flush=True)
-        print(f"## Throughput: small CNN, batch {args.batch_size} per rank, one job per round "
-              f"with every peer, {args.iters} alternating stretches of {args.steps} steps per "
-              f"peer, {args.rounds} job(s)\n")
-        print("| peer | img/s per rank (median) | p10-p90 | spark_dl / peer |")
-        print("|---|---|---|---|")
-        ref = statistics.median(samples["spark_dl"]) if "spark_dl" in samples else None
-        for peer in peers:
-            v = sorted(samples[peer])
-            med = statistics.median(v)
-            lo, hi = v[int(0.1 * (len(v) - 1))], v[int(0.9 * (len(v) - 1))]
-            ratio = f"{ref / med:.2f}" if ref else "-"
-            print(f"| {LABELS[peer]} | {med:.1f} | {lo:.1f}-{hi:.1f} | {ratio} |")
-        print()
+        _interleaved_report(args, peers)
     if not args.overhead_only and args.separate_jobs:
         results = {p: [] for p in peers}
         for r in range(args.rounds):
@@ -472,6 +547,9 @@ def main():
                    help="steps per timed stretch (default 10)")
     p.add_argument("--iters", type=int, default=30,
                    help="timed stretches per peer in the interleaved job (default 30)")
+    p.add_argument("--sync-timing", action="store_true",
+                   help="also time each step from the last rank's gradients to its return "
+                        "(a tf.timestamp op in the steps)")
     p.add_argument("--separate-jobs", action="store_true",
                    help="one job per peer and round instead of one interleaved job")
     p.add_argument("--threads", type=int, default=1,
