@@ -18,6 +18,7 @@
 
 #include "common/config.h"
 #include "core/runtime.h"
+#include "gpu/python_bindings.h"
 #ifdef SDL_HAVE_MPI
 #include "comm/mpi_comm.h"
 #endif
@@ -259,11 +260,21 @@ NB_MODULE(_core, m) {
 #else
     d["mpi"] = false;
 #endif
+#ifdef SDL_HAVE_NCCL
+    d["nccl"] = true;
+#else
     d["nccl"] = false;
+#endif
+#ifdef SDL_HAVE_CUDA
+    d["cuda"] = true;  // compiled in; gpu_runtime_info() tells whether usable here
+#else
     d["cuda"] = false;
+#endif
     d["shm"] = true;
     return d;
   });
+
+  gpu::RegisterPythonBindings(m);  // gpu_runtime_info() and test-only _gpu_* entries
 
   m.def(
       "init",
