@@ -151,6 +151,9 @@ class SelftestNccl {
 }  // namespace
 
 void RegisterPythonBindings(nb::module_& m) {
+#ifdef SDL_HAVE_CUDA
+  AddPythonSearchRoots();  // no library is loaded until first use
+#endif
   m.def(
       "gpu_runtime_info",
       [] {
