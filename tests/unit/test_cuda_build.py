@@ -5,7 +5,9 @@ nccl.h present, the NCCL) code; the extension does not link libcudart or libnccl
 (they are opened at run time, so one build serves CPU-only and GPU hosts); the
 run-time query says clearly why CUDA is not usable; the library loader's errors
 name what was searched; the host-side work division of the batched copy kernels
-covers every element once; and the CPU-only configurations still configure.
+covers every element once; the kernels' own code, run on the CPU block by
+block and thread by thread, gives the CPU transports' results; and the CPU-only
+configurations still configure.
 The kernels and NCCL themselves run in tests/gpu (skipped without a GPU).
 """
 
@@ -170,6 +172,47 @@ def test_batch_plan_covers_every_element_once(elem_size):
         ranges.sort()
         assert ranges[0][0] == 0 and ranges[-1][1] == counts[span]
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), (span, ranges)
+
+
+def _cuda_include_dir():
+    """A directory with the CUDA headers (cuda_fp16.h), or None."""
+    candidates = []
+    nvcc = _nvcc()
+    if nvcc:
+        candidates.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))),
+                                       "include"))
+    candidates.append("/usr/local/cuda/include")
+    for d in [sysconfig.get_paths()["purelib"], *sys.path]:
+        candidates += glob.glob(os.path.join(d, "nvidia", "*", "include"))
+    return next((c for c in candidates if os.path.exists(os.path.join(c, "cuda_fp16.h"))), None)
+
+
+@pytest.mark.slow
+def test_kernel_code_run_on_the_host_matches_the_cpu_scale(tmp_path):
+    """kernels.cu's copy body, every block and thread in turn on the CPU, for every dtype,
+    odd sizes, misaligned, in-place and multi-launch batches (kernels_host_check.cc)."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    include = _cuda_include_dir()
+    if not cxx or not include:
+        pytest.skip("needs a C++ compiler and the CUDA headers")
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "build_config.h").write_text(
+        '#pragma once\n#define SDL_CUDA_BUILD_NOTE ""\n#define SDL_NCCL_BUILD_NOTE ""\n'
+        '#define SDL_CUDA_ARCH_STRING "host check"\n')
+    src = os.path.join(ROOT, "native", "src")
+    exe = str(tmp_path / "kernels_host_check")
+    build = subprocess.run(
+        [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Wno-unused-parameter", f"-I{src}",
+         f"-I{tmp_path}", f"-I{include}", "-o", exe,
+         *(os.path.join(src, f) for f in ("gpu/kernels_host_check.cc", "gpu/kernels.cc",
+                                          "gpu/cuda_api.cc", "gpu/dynlib.cc",
+                                          "common/types.cc", "common/reduce.cc")), "-ldl"],
+        capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-5000:]
+    assert "warning" not in build.stderr, build.stderr[-5000:]
+    run = subprocess.run([exe], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-5000:]
+    assert "kernel emulation: " in run.stdout and ", 0 failed" in run.stdout, run.stdout[-2000:]
 
 
 def _configure(tmp_path, name, *args, env=None):

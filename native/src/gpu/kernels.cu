@@ -4,6 +4,11 @@
 // launches the extern "C" kernels below by name. Nothing here is linked against
 // the CUDA runtime.
 //
+// The copy body and the scalers are __host__ __device__ so that
+// kernels_host_check.cc can run this same code on the CPU (every block and
+// thread in turn) against the CPU transports' Scale: machines without a GPU
+// still execute the chunking, vector and tail logic.
+//
 // Scaling follows the CPU transports (common/reduce.cc, Scale) so a CUDA result
 // equals the CPU one: float32 multiplies by the factor rounded to float,
 // float64 in double, float16/bfloat16 convert to float, multiply, round to
@@ -17,52 +22,62 @@
 
 #include "gpu/kernel_params.h"
 
-namespace {
+#if defined(__CUDACC__)
+#define SDL_UNROLL _Pragma("unroll")
+#else
+#define SDL_UNROLL  // the host check (kernels_host_check.cc) runs these loops as written
+#endif
+
+namespace sdl_kernels {
 
 using sdl::gpu::BatchParams;
 
 template <typename T>
 struct Scaler {  // integers
   double f;
-  __device__ explicit Scaler(double s) : f(s) {}
-  __device__ T operator()(T x) const { return static_cast<T>(static_cast<double>(x) * f); }
+  SDL_HOST_DEVICE explicit Scaler(double s) : f(s) {}
+  SDL_HOST_DEVICE T operator()(T x) const { return static_cast<T>(static_cast<double>(x) * f); }
 };
 
 template <>
 struct Scaler<float> {
   float f;
-  __device__ explicit Scaler(double s) : f(static_cast<float>(s)) {}
-  __device__ float operator()(float x) const { return x * f; }
+  SDL_HOST_DEVICE explicit Scaler(double s) : f(static_cast<float>(s)) {}
+  SDL_HOST_DEVICE float operator()(float x) const { return x * f; }
 };
 
 template <>
 struct Scaler<double> {
   double f;
-  __device__ explicit Scaler(double s) : f(s) {}
-  __device__ double operator()(double x) const { return x * f; }
+  SDL_HOST_DEVICE explicit Scaler(double s) : f(s) {}
+  SDL_HOST_DEVICE double operator()(double x) const { return x * f; }
 };
 
 template <>
 struct Scaler<__half> {
   float f;
-  __device__ explicit Scaler(double s) : f(static_cast<float>(s)) {}
-  __device__ __half operator()(__half x) const { return __float2half_rn(__half2float(x) * f); }
+  SDL_HOST_DEVICE explicit Scaler(double s) : f(static_cast<float>(s)) {}
+  SDL_HOST_DEVICE __half operator()(__half x) const {
+    return __float2half_rn(__half2float(x) * f);
+  }
 };
 
 template <>
 struct Scaler<__nv_bfloat16> {
   float f;
-  __device__ explicit Scaler(double s) : f(static_cast<float>(s)) {}
-  __device__ __nv_bfloat16 operator()(__nv_bfloat16 x) const {
+  SDL_HOST_DEVICE explicit Scaler(double s) : f(static_cast<float>(s)) {}
+  SDL_HOST_DEVICE __nv_bfloat16 operator()(__nv_bfloat16 x) const {
     return __float2bfloat16_rn(__bfloat162float(x) * f);
   }
 };
 
-// dst[i] = scale(src[i]) (or a plain copy) over every chunk of the batch.
+// dst[i] = scale(src[i]) (or a plain copy) over the chunks of the batch that
+// thread `thread` of block `block` (of `grid` blocks of kBatchThreads) owns.
 // src may equal dst (scale in place): each element is read and written by the
 // same thread, so there is no hazard.
 template <typename T, bool kScale>
-__device__ __forceinline__ void BatchedCopy(const BatchParams& p) {
+SDL_HOST_DEVICE inline void BatchedCopy(const BatchParams& p, uint32_t block, uint32_t grid,
+                                        uint32_t thread) {
   constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte vector
   static_assert(kVec * sizeof(T) == 16, "element size must divide 16");
   // A standard chunk (kBatchChunkBytes) is exactly kVecPerThread vectors per
@@ -73,7 +88,7 @@ __device__ __forceinline__ void BatchedCopy(const BatchParams& p) {
   using sdl::gpu::kBatchThreads;
   const Scaler<T> scale(p.scale);
   const uint32_t total = p.chunk_begin[p.num_entries];
-  for (uint32_t c = blockIdx.x; c < total; c += gridDim.x) {
+  for (uint32_t c = block; c < total; c += grid) {
     int e;
     uint64_t begin, end;
     sdl::gpu::ChunkRange(p, c, &e, &begin, &end);
@@ -94,18 +109,18 @@ __device__ __forceinline__ void BatchedCopy(const BatchParams& p) {
       constexpr uint64_t kSegment = static_cast<uint64_t>(kVecPerThread) * kBatchThreads;
       for (uint64_t seg = vbegin; seg < vend; seg += kSegment) {  // once for a standard chunk
         uint4 v[kVecPerThread];
-#pragma unroll
+SDL_UNROLL
         for (int k = 0; k < kVecPerThread; ++k) {
-          const uint64_t i = seg + threadIdx.x + static_cast<uint64_t>(k) * kBatchThreads;
+          const uint64_t i = seg + thread + static_cast<uint64_t>(k) * kBatchThreads;
           if (i < vend) v[k] = s4[i];
         }
-#pragma unroll
+SDL_UNROLL
         for (int k = 0; k < kVecPerThread; ++k) {
-          const uint64_t i = seg + threadIdx.x + static_cast<uint64_t>(k) * kBatchThreads;
+          const uint64_t i = seg + thread + static_cast<uint64_t>(k) * kBatchThreads;
           if (i < vend) {
             if (kScale) {
               T* t = reinterpret_cast<T*>(&v[k]);
-#pragma unroll
+SDL_UNROLL
               for (int j = 0; j < kVec; ++j) t[j] = scale(t[j]);
             }
             d4[i] = v[k];
@@ -114,19 +129,20 @@ __device__ __forceinline__ void BatchedCopy(const BatchParams& p) {
       }
       scalar_from = vend * kVec;
     }
-    for (uint64_t i = scalar_from + threadIdx.x; i < end; i += blockDim.x)
+    for (uint64_t i = scalar_from + thread; i < end; i += kBatchThreads)
       dst[i] = kScale ? scale(src[i]) : src[i];
   }
 }
 
-}  // namespace
+}  // namespace sdl_kernels
 
+#if defined(__CUDACC__)
 // __grid_constant__: the 4 KiB block stays in the constant bank; without it the
 // dynamic indexing into entries[] would copy it to every thread's local memory.
 #define SDL_SCALED_COPY_KERNEL(suffix, T)                                         \
   extern "C" __global__ void __launch_bounds__(sdl::gpu::kBatchThreads)          \
-      sdl_scaled_copy_##suffix(const __grid_constant__ BatchParams p) {           \
-    BatchedCopy<T, true>(p);                                                      \
+      sdl_scaled_copy_##suffix(const __grid_constant__ sdl::gpu::BatchParams p) { \
+    sdl_kernels::BatchedCopy<T, true>(p, blockIdx.x, gridDim.x, threadIdx.x);     \
   }
 
 SDL_SCALED_COPY_KERNEL(u8, uint8_t)
@@ -142,6 +158,7 @@ SDL_SCALED_COPY_KERNEL(f64, double)
 
 // Unscaled pack/unpack of any dtype: counts are in bytes.
 extern "C" __global__ void __launch_bounds__(sdl::gpu::kBatchThreads)
-    sdl_batched_copy(const __grid_constant__ BatchParams p) {
-  BatchedCopy<uint8_t, false>(p);
+    sdl_batched_copy(const __grid_constant__ sdl::gpu::BatchParams p) {
+  sdl_kernels::BatchedCopy<uint8_t, false>(p, blockIdx.x, gridDim.x, threadIdx.x);
 }
+#endif  // __CUDACC__
