@@ -144,3 +144,17 @@ def test_empty_and_zero_count_spans_are_skipped():
     _copy([], [], [], "float32", 2.0)
     _copy([0, t.data_ptr()], [0, out.data_ptr()], [0, 5], "float32", 2.0)
     assert torch.equal(out, t * 2.0)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_pack_binding_for_benchmarks_on_the_current_stream(scale):
+    # cuda_pack_for_tests(tensors, buffer, unpack, scale, stream): back to back, no sync.
+    xs = [torch.randn(n, device=f"cuda:{DEV}") for n in (4096, 7, 1, 65537)]
+    flat = torch.empty(sum(x.numel() for x in xs), device=f"cuda:{DEV}")
+    stream = torch.cuda.current_stream(DEV).cuda_stream
+    _core.cuda_pack_for_tests(xs, flat, False, scale, stream)
+    want = torch.cat(xs) * torch.tensor(scale, dtype=torch.float32)
+    assert torch.equal(flat, want)  # same stream: ordered without a sync
+    outs = [torch.empty_like(x) for x in xs]
+    _core.cuda_pack_for_tests(outs, flat, True, 1.0, stream)
+    assert torch.equal(torch.cat(outs), want)

@@ -261,3 +261,30 @@ def test_cuda_on_without_nvcc_fails_clearly(tmp_path):
     assert proc.returncode != 0
     assert "SDL_WITH_CUDA=ON, but CUDA cannot be built: nvcc not found" in proc.stderr, \
         proc.stderr[-3000:]
+
+
+class _FakeTensor:
+    """Just enough of a torch tensor for cuda_pack_for_tests' argument checks (no GPU)."""
+
+    def __init__(self, ptr, nbytes, contiguous=True, dtype="torch.float32"):
+        self._ptr, self.nbytes, self._contiguous, self.dtype = ptr, nbytes, contiguous, dtype
+
+    def data_ptr(self):
+        return self._ptr
+
+    def is_contiguous(self):
+        return self._contiguous
+
+
+@needs_cuda_build
+def test_pack_binding_checks_its_arguments_before_touching_the_gpu():
+    buf = _FakeTensor(4096, 64)
+    with pytest.raises(_core.CoreError, match="not contiguous"):
+        _core.cuda_pack_for_tests([_FakeTensor(0, 16, contiguous=False)], buf, False, 1.0)
+    with pytest.raises(_core.CoreError, match="the tensors hold 80 bytes, the buffer 64"):
+        _core.cuda_pack_for_tests([_FakeTensor(0, 40), _FakeTensor(64, 40)], buf, False, 1.0)
+    with pytest.raises(_core.CoreError, match="tensors of float32 and int64"):
+        _core.cuda_pack_for_tests([_FakeTensor(0, 8), _FakeTensor(8, 8, dtype="torch.int64")],
+                                  buf, False, 1.0)
+    with pytest.raises(_core.CoreError, match="expected CUDA tensors"):
+        _core.cuda_pack_for_tests([object()], buf, False, 1.0)

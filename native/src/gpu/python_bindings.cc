@@ -50,6 +50,50 @@ DataType ParseDataType(const std::string& name) {
 }
 
 void* AsPtr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+
+// A CUDA array from Python, framework-neutral where possible: torch-like
+// objects through data_ptr()/nbytes/dtype (cheap C calls), anything else
+// through __cuda_array_interface__ (contiguous only). TEST ONLY (benchmarks).
+struct CudaArrayView {
+  uintptr_t ptr = 0;
+  size_t bytes = 0;
+  std::string dtype;  // a DataTypeName, "" when unknown
+};
+
+CudaArrayView ViewOf(nb::handle obj) {
+  CudaArrayView v;
+  if (nb::hasattr(obj, "data_ptr") && nb::hasattr(obj, "nbytes")) {
+    if (nb::hasattr(obj, "is_contiguous") && !nb::cast<bool>(obj.attr("is_contiguous")()))
+      throw Error(ErrorCode::kInvalidArgument, "cuda_pack_for_tests: a tensor is not contiguous");
+    v.ptr = nb::cast<uintptr_t>(obj.attr("data_ptr")());
+    v.bytes = nb::cast<size_t>(obj.attr("nbytes"));
+    std::string name = nb::cast<std::string>(nb::str(obj.attr("dtype")));
+    size_t dot = name.rfind('.');
+    v.dtype = dot == std::string::npos ? name : name.substr(dot + 1);  // "torch.float32"
+    return v;
+  }
+  if (!nb::hasattr(obj, "__cuda_array_interface__"))
+    throw Error(ErrorCode::kInvalidArgument,
+                "cuda_pack_for_tests: expected CUDA tensors (data_ptr() or "
+                "__cuda_array_interface__)");
+  nb::dict cai = nb::cast<nb::dict>(obj.attr("__cuda_array_interface__"));
+  if (cai.contains("strides") && !cai["strides"].is_none())
+    throw Error(ErrorCode::kInvalidArgument, "cuda_pack_for_tests: an array is not contiguous");
+  v.ptr = nb::cast<uintptr_t>(nb::cast<nb::tuple>(cai["data"])[0]);
+  std::string typestr = nb::cast<std::string>(cai["typestr"]);  // "<f4"
+  size_t item = static_cast<size_t>(std::stoul(typestr.substr(2)));
+  size_t n = 1;
+  for (nb::handle d : nb::cast<nb::tuple>(cai["shape"])) n *= nb::cast<size_t>(d);
+  v.bytes = n * item;
+  const char kind = typestr[1];
+  static const std::pair<std::string, const char*> kNames[] = {
+      {"f2", "float16"}, {"f4", "float32"}, {"f8", "float64"}, {"i1", "int8"},
+      {"i2", "int16"},   {"i4", "int32"},   {"i8", "int64"},   {"u1", "uint8"},
+      {"b1", "bool"}};
+  for (const auto& [code, name] : kNames)
+    if (code == std::string(1, kind) + typestr.substr(2)) v.dtype = name;
+  return v;
+}
 #endif
 
 #ifdef SDL_HAVE_NCCL
@@ -261,6 +305,54 @@ void RegisterPythonBindings(nb::module_& m) {
       "TEST ONLY: dst = src * scale for device pointers (ints) with one batched kernel "
       "launch per 128 spans on a private stream, synchronized before returning. The caller "
       "synchronizes its own stream first.");
+  m.def(
+      "cuda_pack_for_tests",
+      [](nb::list tensors, nb::handle buffer, bool unpack, double scale, uintptr_t stream) {
+        // The name and form benchmarks/gpu.py expects. Tensors lie back to back
+        // in `buffer` (no padding); nothing is synchronized.
+        CudaArrayView buf = ViewOf(buffer);
+        std::vector<CopySpan> spans;
+        spans.reserve(tensors.size());
+        std::string dtype;
+        size_t offset = 0;
+        for (nb::handle t : tensors) {
+          CudaArrayView v = ViewOf(t);
+          if (dtype.empty()) dtype = v.dtype;
+          if (v.dtype != dtype)
+            throw Error(ErrorCode::kInvalidArgument,
+                        "cuda_pack_for_tests: tensors of " + dtype + " and " + v.dtype);
+          char* slot = reinterpret_cast<char*>(buf.ptr) + offset;
+          spans.push_back(unpack ? CopySpan{slot, AsPtr(v.ptr), v.bytes}
+                                 : CopySpan{AsPtr(v.ptr), slot, v.bytes});
+          offset += v.bytes;
+        }
+        if (offset > buf.bytes)
+          throw Error(ErrorCode::kInvalidArgument,
+                      "cuda_pack_for_tests: the tensors hold " + std::to_string(offset) +
+                          " bytes, the buffer " + std::to_string(buf.bytes));
+        if (spans.empty()) return;
+        // Counts so far are bytes; a scaled copy needs elements of the dtype.
+        DataType dt = DataType::kUInt8;
+        if (scale != 1.0) {
+          dt = ParseDataType(dtype);
+          for (auto& s : spans) s.count /= DataTypeSize(dt);
+        }
+        int device = -1;
+        PointerDevice(AsPtr(buf.ptr), &device).ThrowIfError();
+        if (device < 0)
+          throw Error(ErrorCode::kInvalidArgument, "cuda_pack_for_tests: buffer is not on a GPU");
+        std::string error;
+        const CudaApi* api = Cuda(&error);
+        DeviceGuard guard(api, device);
+        guard.status().ThrowIfError();
+        BatchedScaledCopy(spans, dt, scale, reinterpret_cast<cudaStream_t>(stream))
+            .ThrowIfError();
+      },
+      "tensors"_a, "buffer"_a, "unpack"_a, "scale"_a = 1.0, "stream"_a = 0,
+      "TEST ONLY (benchmarks/gpu.py): pack CUDA tensors back to back into `buffer` "
+      "(unpack=False) or unpack it into them, times `scale`, in batched kernel launches "
+      "enqueued on `stream` (a cudaStream_t as int; 0: the legacy default stream, torch's "
+      "current stream unless one was set). Returns without synchronizing.");
 #endif
 #ifdef SDL_HAVE_NCCL
   nb::class_<SelftestNccl>(m, "_GpuSelftestNccl",
