@@ -228,6 +228,7 @@ def _configure(tmp_path, name, *args, env=None):
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_cpu_only_configure_with_cuda_off(tmp_path):
     out = _configure(tmp_path, "off", "-DSDL_WITH_CUDA=OFF")
     assert "- CUDA (GPU tensors): SDL_WITH_CUDA=OFF" in out, out
@@ -240,6 +241,7 @@ def _path_without_nvcc():
                            if d and not os.path.exists(os.path.join(d, "nvcc")))
 
 
+@pytest.mark.slow
 def test_cpu_only_configure_without_nvcc_on_path(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("CUDACXX", "CUDA_PATH", "CUDA_HOME")}
     env["PATH"] = _path_without_nvcc()
@@ -248,6 +250,7 @@ def test_cpu_only_configure_without_nvcc_on_path(tmp_path):
     assert "+ CUDA kernels" not in out
 
 
+@pytest.mark.slow
 def test_cuda_on_without_nvcc_fails_clearly(tmp_path):
     cmake = shutil.which("cmake")
     if not cmake:
