@@ -62,9 +62,9 @@ def _scaled(name, t, scale):
     return (t.float() * torch.tensor(scale, dtype=torch.float32)).to(t.dtype)
 
 
-def _copy(srcs, dsts, counts, name, scale):
+def _copy(srcs, dsts, counts, name, scale, divisor=1):
     torch.cuda.synchronize(DEV)
-    _core._gpu_selftest_scaled_copy(srcs, dsts, counts, name, scale, DEV)
+    _core._gpu_selftest_scaled_copy(srcs, dsts, counts, name, scale, DEV, divisor)
 
 
 def _fusion_layout(tensors):
@@ -158,3 +158,22 @@ def test_pack_binding_for_benchmarks_on_the_current_stream(scale):
     outs = [torch.empty_like(x) for x in xs]
     _core.cuda_pack_for_tests(outs, flat, True, 1.0, stream)
     assert torch.equal(torch.cat(outs), want)
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_average_divisor_and_zero_sources(name):
+    # An integer Average divides exactly by the rank count (300: wider than int8); floats
+    # fold it into the factor. A span without a source writes zeros (a joined rank).
+    tensors = [_tensor(name, n, n) for n in SIZES[:9]]
+    outs = [torch.full_like(t, 7) for t in tensors]
+    srcs = [0 if i % 3 == 0 else t.data_ptr() for i, t in enumerate(tensors)]
+    _copy(srcs, [o.data_ptr() for o in outs], [t.numel() for t in tensors], name, 0.5, 300)
+    for i, (t, o) in enumerate(zip(tensors, outs)):
+        if i % 3 == 0:
+            want = torch.zeros_like(t)
+        elif name in INT_RANGE:
+            q = torch.div(t.to(torch.int64), 300, rounding_mode="trunc")
+            want = _scaled(name, q.to(t.dtype), 0.5)
+        else:
+            want = _scaled(name, t, 0.5 / 300)
+        assert torch.equal(o, want), (name, t.numel(), i)

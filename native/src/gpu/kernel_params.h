@@ -23,13 +23,13 @@ namespace gpu {
 
 // Entries per launch. The block is passed by value as a kernel parameter (no
 // host-to-device upload, nothing to keep alive after the launch), which must
-// stay under the classic 4 KiB parameter limit: 128 * 24 + 129 * 4 + 24 bytes.
+// stay under the classic 4 KiB parameter limit: 128 * 24 + 129 * 4 + 32 bytes.
 constexpr int kBatchMaxEntries = 128;
 constexpr uint32_t kBatchChunkBytes = 16384;
 constexpr int kBatchThreads = 256;
 
 struct BatchEntry {
-  const void* src;
+  const void* src;  // nullptr: write zeros (a joined rank's contribution)
   void* dst;
   uint64_t count;  // elements (bytes for the plain copy kernel)
 };
@@ -39,7 +39,8 @@ struct BatchParams {
   uint32_t chunk_begin[kBatchMaxEntries + 1];
   int32_t num_entries;
   uint32_t chunk_elems;
-  double scale;  // ignored by the plain copy kernel
+  double scale;      // ignored by the plain copy kernel
+  int64_t divisor;   // integer kernels: x / divisor (exact, toward zero) before the scale
 };
 
 static_assert(sizeof(BatchParams) <= 4096, "kernel parameters must fit in 4 KiB");

@@ -117,8 +117,10 @@ Status Launch(const KernelTable& k, cudaKernel_t kernel, const std::vector<Batch
 
 }  // namespace
 
-Status CheckScaleSupported(DataType dt, double scale) {
-  if (scale == 1.0) return Status::OK();
+Status CheckScaleSupported(DataType dt, double scale, int64_t divisor) {
+  if (divisor < 1)
+    return Status::Invalid("scale divisor " + std::to_string(divisor) + " is not positive");
+  if (scale == 1.0 && divisor == 1) return Status::OK();
   if (!ScaledKernelName(dt))
     return Status::Invalid(std::string(DataTypeName(dt)) +
                            " tensors cannot be scaled (prescale/postscale or Average)");
@@ -126,7 +128,7 @@ Status CheckScaleSupported(DataType dt, double scale) {
 }
 
 std::vector<BatchParams> PlanBatches(const std::vector<CopySpan>& spans, size_t elem_size,
-                                     double scale) {
+                                     double scale, int64_t divisor) {
   std::vector<BatchParams> plans;
   const uint32_t chunk_elems = kBatchChunkBytes / static_cast<uint32_t>(elem_size);
   BatchParams* cur = nullptr;
@@ -138,6 +140,7 @@ std::vector<BatchParams> PlanBatches(const std::vector<CopySpan>& spans, size_t 
       cur->num_entries = 0;
       cur->chunk_elems = chunk_elems;
       cur->scale = scale;
+      cur->divisor = divisor;
       cur->chunk_begin[0] = 0;
     }
     const int e = cur->num_entries++;
@@ -158,10 +161,14 @@ Status LoadKernels() { return Kernels().status; }
 const char* KernelArchitectures() { return SDL_CUDA_ARCH_STRING; }
 
 Status BatchedScaledCopy(const std::vector<CopySpan>& spans, DataType dt, double scale,
-                         cudaStream_t stream) {
-  SDL_GPU_RETURN_IF_ERROR(CheckScaleSupported(dt, scale));
+                         cudaStream_t stream, int64_t divisor) {
+  SDL_GPU_RETURN_IF_ERROR(CheckScaleSupported(dt, scale, divisor));
+  if (IsFloating(dt) && divisor != 1) {  // floats multiply once per element
+    scale /= static_cast<double>(divisor);
+    divisor = 1;
+  }
   const size_t elem = DataTypeSize(dt);
-  const bool plain = scale == 1.0;
+  const bool plain = scale == 1.0 && divisor == 1;
   // A chunk's element count must fit the 32-bit chunk prefix sums: 2^32 chunks
   // of 16 KiB is 64 TiB, so only absurd sizes are refused.
   uint64_t total_chunks = 0;
@@ -170,8 +177,9 @@ Status BatchedScaledCopy(const std::vector<CopySpan>& spans, DataType dt, double
   for (size_t i = 0; i < spans.size(); ++i) {
     const CopySpan& s = spans[i];
     if (s.count == 0) continue;
-    if (!s.src || !s.dst)
-      return Status::Invalid("batched copy entry " + std::to_string(i) + " has a null pointer");
+    if (!s.dst)
+      return Status::Invalid("batched copy entry " + std::to_string(i) +
+                             " has a null destination");
     const size_t n = plain ? s.count * elem : s.count;
     total_chunks += (n * (plain ? 1 : elem) + kBatchChunkBytes - 1) / kBatchChunkBytes;
     work.push_back(CopySpan{s.src, s.dst, n});
@@ -182,12 +190,13 @@ Status BatchedScaledCopy(const std::vector<CopySpan>& spans, DataType dt, double
   const KernelTable& k = Kernels();
   SDL_GPU_RETURN_IF_ERROR(k.status);
   const cudaKernel_t kernel = plain ? k.copy : k.scaled[static_cast<int>(dt)];
-  return Launch(k, kernel, PlanBatches(work, plain ? 1 : elem, scale), stream);
+  return Launch(k, kernel, PlanBatches(work, plain ? 1 : elem, scale, divisor), stream);
 }
 
-Status ScaleInPlace(void* buf, size_t count, DataType dt, double scale, cudaStream_t stream) {
-  if (scale == 1.0 || count == 0) return Status::OK();
-  return BatchedScaledCopy({CopySpan{buf, buf, count}}, dt, scale, stream);
+Status ScaleInPlace(void* buf, size_t count, DataType dt, double scale, cudaStream_t stream,
+                    int64_t divisor) {
+  if ((scale == 1.0 && divisor == 1) || count == 0) return Status::OK();
+  return BatchedScaledCopy({CopySpan{buf, buf, count}}, dt, scale, stream, divisor);
 }
 
 }  // namespace gpu

@@ -14,7 +14,8 @@
 // float64 in double, float16/bfloat16 convert to float, multiply, round to
 // nearest even; integers multiply in double and truncate toward zero (as
 // Horovod's integer Average does; the cast saturates on the device). bool
-// cannot be scaled (the host refuses before launching).
+// cannot be scaled (the host refuses before launching). Integer Average uses
+// the divisor: exact division by the rank count, as the CPU operations do.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -32,31 +33,42 @@ namespace sdl_kernels {
 
 using sdl::gpu::BatchParams;
 
+// Integers: divided by the divisor exactly (in 64 bits, so any rank count
+// works for narrow types), then multiplied by the factor in double.
 template <typename T>
-struct Scaler {  // integers
+struct Scaler {
   double f;
-  SDL_HOST_DEVICE explicit Scaler(double s) : f(s) {}
-  SDL_HOST_DEVICE T operator()(T x) const { return static_cast<T>(static_cast<double>(x) * f); }
+  int64_t d;
+  SDL_HOST_DEVICE Scaler(double s, int64_t divisor) : f(s), d(divisor) {}
+  SDL_HOST_DEVICE T operator()(T x) const {
+    if (d != 1) {
+      if (static_cast<T>(-1) < static_cast<T>(0))
+        x = static_cast<T>(static_cast<int64_t>(x) / d);
+      else
+        x = static_cast<T>(static_cast<uint64_t>(x) / static_cast<uint64_t>(d));
+    }
+    return f == 1.0 ? x : static_cast<T>(static_cast<double>(x) * f);
+  }
 };
 
 template <>
 struct Scaler<float> {
   float f;
-  SDL_HOST_DEVICE explicit Scaler(double s) : f(static_cast<float>(s)) {}
+  SDL_HOST_DEVICE Scaler(double s, int64_t) : f(static_cast<float>(s)) {}
   SDL_HOST_DEVICE float operator()(float x) const { return x * f; }
 };
 
 template <>
 struct Scaler<double> {
   double f;
-  SDL_HOST_DEVICE explicit Scaler(double s) : f(s) {}
+  SDL_HOST_DEVICE Scaler(double s, int64_t) : f(s) {}
   SDL_HOST_DEVICE double operator()(double x) const { return x * f; }
 };
 
 template <>
 struct Scaler<__half> {
   float f;
-  SDL_HOST_DEVICE explicit Scaler(double s) : f(static_cast<float>(s)) {}
+  SDL_HOST_DEVICE Scaler(double s, int64_t) : f(static_cast<float>(s)) {}
   SDL_HOST_DEVICE __half operator()(__half x) const {
     return __float2half_rn(__half2float(x) * f);
   }
@@ -65,7 +77,7 @@ struct Scaler<__half> {
 template <>
 struct Scaler<__nv_bfloat16> {
   float f;
-  SDL_HOST_DEVICE explicit Scaler(double s) : f(static_cast<float>(s)) {}
+  SDL_HOST_DEVICE Scaler(double s, int64_t) : f(static_cast<float>(s)) {}
   SDL_HOST_DEVICE __nv_bfloat16 operator()(__nv_bfloat16 x) const {
     return __float2bfloat16_rn(__bfloat162float(x) * f);
   }
@@ -86,7 +98,7 @@ SDL_HOST_DEVICE inline void BatchedCopy(const BatchParams& p, uint32_t block, ui
   static_assert(kVecPerThread * 16 * sdl::gpu::kBatchThreads == sdl::gpu::kBatchChunkBytes,
                 "a chunk must be whole vectors per thread");
   using sdl::gpu::kBatchThreads;
-  const Scaler<T> scale(p.scale);
+  const Scaler<T> scale(p.scale, p.divisor);
   const uint32_t total = p.chunk_begin[p.num_entries];
   for (uint32_t c = block; c < total; c += grid) {
     int e;
@@ -94,6 +106,10 @@ SDL_HOST_DEVICE inline void BatchedCopy(const BatchParams& p, uint32_t block, ui
     sdl::gpu::ChunkRange(p, c, &e, &begin, &end);
     const T* src = static_cast<const T*>(p.entries[e].src);
     T* dst = static_cast<T*>(p.entries[e].dst);
+    if (src == nullptr) {  // zeros; 0 scaled is 0
+      for (uint64_t i = begin + thread; i < end; i += kBatchThreads) dst[i] = T();
+      continue;
+    }
     const bool aligned =
         ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15) == 0;
     uint64_t scalar_from = begin;

@@ -20,6 +20,8 @@ namespace sdl {
 namespace gpu {
 
 // One copy: `count` elements from src to dst (device pointers on one device).
+// src == nullptr writes zeros (a joined rank's contribution); src == dst scales
+// in place.
 struct CopySpan {
   const void* src;
   void* dst;
@@ -35,14 +37,18 @@ inline size_t AlignFusionOffset(size_t bytes) {
   return (bytes + kFusionAlignment - 1) / kFusionAlignment * kFusionAlignment;
 }
 
-// OK when the kernels can scale `dt` by `scale` (scale 1 is a plain copy, fine
-// for every dtype); bool cannot be scaled (as in the CPU transports).
-Status CheckScaleSupported(DataType dt, double scale);
+// OK when the kernels can scale `dt` as asked (scale 1 and divisor 1 is a plain
+// copy, fine for every dtype); bool cannot be scaled (as in the CPU transports).
+Status CheckScaleSupported(DataType dt, double scale, int64_t divisor = 1);
 
-// dst = src * scale for every span. Batches of kBatchMaxEntries spans are one
-// launch each; spans with count 0 are skipped. scale == 1 is a byte copy.
+// dst = src scaled, for every span: integers are first divided by `divisor`
+// (exactly, toward zero: an integer Average's rank count), then every type is
+// multiplied by `scale` (integers in double, truncated toward zero); for
+// floating types a divisor is folded into the scale. This is the operations
+// layer's Scaling{factor, divisor}. Batches of kBatchMaxEntries spans are one
+// launch each; spans with count 0 are skipped; an identity scaling is a byte copy.
 Status BatchedScaledCopy(const std::vector<CopySpan>& spans, DataType dt, double scale,
-                         cudaStream_t stream);
+                         cudaStream_t stream, int64_t divisor = 1);
 
 // Pack: tensors (span.src) into the fusion buffer (span.dst), multiplied by prescale.
 inline Status PackFusion(const std::vector<CopySpan>& spans, DataType dt, double prescale,
@@ -50,13 +56,15 @@ inline Status PackFusion(const std::vector<CopySpan>& spans, DataType dt, double
   return BatchedScaledCopy(spans, dt, prescale, stream);
 }
 // Unpack: fusion buffer (span.src) into the output tensors (span.dst),
-// multiplied by postscale (an Average's 1/size folded in by the caller).
+// multiplied by postscale; for Average the caller folds 1/size into postscale
+// (floating types) or passes divisor = size (integers).
 inline Status UnpackFusion(const std::vector<CopySpan>& spans, DataType dt, double postscale,
-                           cudaStream_t stream) {
-  return BatchedScaledCopy(spans, dt, postscale, stream);
+                           cudaStream_t stream, int64_t divisor = 1) {
+  return BatchedScaledCopy(spans, dt, postscale, stream, divisor);
 }
-// buf *= scale in place (a single tensor that skipped the fusion buffer).
-Status ScaleInPlace(void* buf, size_t count, DataType dt, double scale, cudaStream_t stream);
+// buf scaled in place (a single tensor that skipped the fusion buffer).
+Status ScaleInPlace(void* buf, size_t count, DataType dt, double scale, cudaStream_t stream,
+                    int64_t divisor = 1);
 
 // --- host-side planning (no GPU needed; shared with the tests) ---------------------
 
@@ -64,7 +72,7 @@ Status ScaleInPlace(void* buf, size_t count, DataType dt, double scale, cudaStre
 // launch order. elem_size: the bytes per element of the counts in `spans`.
 // For a plain copy (scale 1) the caller passes byte counts and elem_size 1.
 std::vector<BatchParams> PlanBatches(const std::vector<CopySpan>& spans, size_t elem_size,
-                                     double scale);
+                                     double scale, int64_t divisor = 1);
 
 // The grid for a block: enough blocks to cover every chunk, capped at
 // `max_resident_blocks` (the device's SM count times the blocks that fit on

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/reduce.h"
@@ -39,29 +40,35 @@ void Emulate(const std::vector<BatchParams>& plans, unsigned grid_cap) {
 }
 
 template <typename T>
-void RunScaled(const std::vector<CopySpan>& spans, double scale, unsigned grid_cap) {
-  Emulate<T, true>(sdl::gpu::PlanBatches(spans, sizeof(T), scale), grid_cap);
+void RunScaled(const std::vector<CopySpan>& spans, double scale, int64_t divisor,
+               unsigned grid_cap) {
+  Emulate<T, true>(sdl::gpu::PlanBatches(spans, sizeof(T), scale, divisor), grid_cap);
 }
 
 // What BatchedScaledCopy launches, run on the host instead.
-void Run(const std::vector<CopySpan>& spans, DataType dt, double scale, unsigned grid_cap) {
-  if (scale == 1.0) {  // the plain copy kernel, counts in bytes
+void Run(const std::vector<CopySpan>& spans, DataType dt, double scale, int64_t divisor,
+         unsigned grid_cap) {
+  if (sdl::IsFloating(dt) && divisor != 1) {
+    scale /= static_cast<double>(divisor);
+    divisor = 1;
+  }
+  if (scale == 1.0 && divisor == 1) {  // the plain copy kernel, counts in bytes
     std::vector<CopySpan> bytes;
     for (const auto& s : spans) bytes.push_back({s.src, s.dst, s.count * sdl::DataTypeSize(dt)});
     Emulate<uint8_t, false>(sdl::gpu::PlanBatches(bytes, 1, 1.0), grid_cap);
     return;
   }
   switch (dt) {
-    case DataType::kUInt8: return RunScaled<uint8_t>(spans, scale, grid_cap);
-    case DataType::kInt8: return RunScaled<int8_t>(spans, scale, grid_cap);
-    case DataType::kInt16: return RunScaled<int16_t>(spans, scale, grid_cap);
-    case DataType::kInt32: return RunScaled<int32_t>(spans, scale, grid_cap);
-    case DataType::kInt64: return RunScaled<int64_t>(spans, scale, grid_cap);
-    case DataType::kUInt64: return RunScaled<uint64_t>(spans, scale, grid_cap);
-    case DataType::kFloat16: return RunScaled<__half>(spans, scale, grid_cap);
-    case DataType::kBFloat16: return RunScaled<__nv_bfloat16>(spans, scale, grid_cap);
-    case DataType::kFloat32: return RunScaled<float>(spans, scale, grid_cap);
-    case DataType::kFloat64: return RunScaled<double>(spans, scale, grid_cap);
+    case DataType::kUInt8: return RunScaled<uint8_t>(spans, scale, divisor, grid_cap);
+    case DataType::kInt8: return RunScaled<int8_t>(spans, scale, divisor, grid_cap);
+    case DataType::kInt16: return RunScaled<int16_t>(spans, scale, divisor, grid_cap);
+    case DataType::kInt32: return RunScaled<int32_t>(spans, scale, divisor, grid_cap);
+    case DataType::kInt64: return RunScaled<int64_t>(spans, scale, divisor, grid_cap);
+    case DataType::kUInt64: return RunScaled<uint64_t>(spans, scale, divisor, grid_cap);
+    case DataType::kFloat16: return RunScaled<__half>(spans, scale, divisor, grid_cap);
+    case DataType::kBFloat16: return RunScaled<__nv_bfloat16>(spans, scale, divisor, grid_cap);
+    case DataType::kFloat32: return RunScaled<float>(spans, scale, divisor, grid_cap);
+    case DataType::kFloat64: return RunScaled<double>(spans, scale, divisor, grid_cap);
     case DataType::kBool: std::abort();  // refused by CheckScaleSupported
   }
 }
@@ -87,10 +94,38 @@ void Fill(void* p, size_t n, DataType dt, std::mt19937_64& rng) {
   }
 }
 
+// The operations layer's host scaling: integers divided exactly by divisor
+// (64-bit), then every type multiplied by factor as the CPU transports do.
+void Reference(std::string* ref, size_t n, DataType dt, double scale, int64_t divisor) {
+  void* p = &(*ref)[0];
+  auto div = [&](auto* v) {
+    using T = std::remove_pointer_t<decltype(v)>;
+    for (size_t i = 0; i < n; ++i) {
+      if (std::is_signed<T>::value)
+        v[i] = static_cast<T>(static_cast<int64_t>(v[i]) / divisor);
+      else
+        v[i] = static_cast<T>(static_cast<uint64_t>(v[i]) / static_cast<uint64_t>(divisor));
+    }
+  };
+  if (divisor != 1) {
+    switch (dt) {
+      case DataType::kUInt8: div(static_cast<uint8_t*>(p)); break;
+      case DataType::kInt8: div(static_cast<int8_t*>(p)); break;
+      case DataType::kInt16: div(static_cast<int16_t*>(p)); break;
+      case DataType::kInt32: div(static_cast<int32_t*>(p)); break;
+      case DataType::kInt64: div(static_cast<int64_t*>(p)); break;
+      case DataType::kUInt64: div(static_cast<uint64_t*>(p)); break;
+      default: scale /= static_cast<double>(divisor); break;  // floats: folded
+    }
+  }
+  if (scale != 1.0) sdl::Scale(p, n, dt, scale);
+}
+
 // One case: `sizes` spans of `dt`; src starts `misalign` elements into its
-// (16-byte aligned) allocation; in place when `in_place`.
-void Case(DataType dt, const std::vector<size_t>& sizes, double scale, size_t misalign,
-          bool in_place, unsigned grid_cap, std::mt19937_64& rng) {
+// (16-byte aligned) allocation; in place when `in_place`; every third span has
+// no source (zeros) when `zeros`.
+void Case(DataType dt, const std::vector<size_t>& sizes, double scale, int64_t divisor,
+          size_t misalign, bool in_place, bool zeros, unsigned grid_cap, std::mt19937_64& rng) {
   const size_t es = sdl::DataTypeSize(dt);
   std::vector<std::vector<uint64_t>> src_mem, dst_mem;  // uint64_t: 8-aligned; +16 B slack
   std::vector<std::string> want;
@@ -107,12 +142,14 @@ void Case(DataType dt, const std::vector<size_t>& sizes, double scale, size_t mi
     char* src = align16(src_mem[i].data()) + misalign * es;
     char* dst = in_place ? src : align16(dst_mem[i].data());
     Fill(src, sizes[i], dt, rng);
-    std::string ref(src, sizes[i] * es);
-    if (scale != 1.0) sdl::Scale(&ref[0], sizes[i], dt, scale);
+    const bool zero = zeros && i % 3 == 0;
+    if (zero && !in_place) Fill(dst, sizes[i], dt, rng);  // garbage the kernel must overwrite
+    std::string ref = zero ? std::string(sizes[i] * es, '\0') : std::string(src, sizes[i] * es);
+    if (!zero) Reference(&ref, sizes[i], dt, scale, divisor);
     want.push_back(ref);
-    spans.push_back({src, dst, sizes[i]});
+    spans.push_back({zero ? nullptr : src, dst, sizes[i]});
   }
-  Run(spans, dt, scale, grid_cap);
+  Run(spans, dt, scale, divisor, grid_cap);
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (std::memcmp(spans[i].dst, want[i].data(), want[i].size()) == 0) {
       ++g_passed;
@@ -122,8 +159,10 @@ void Case(DataType dt, const std::vector<size_t>& sizes, double scale, size_t mi
     size_t first = 0;
     while (first < want[i].size() &&
            static_cast<const char*>(spans[i].dst)[first] == want[i][first]) ++first;
-    std::printf("FAIL %s n=%zu scale=%g misalign=%zu in_place=%d grid_cap=%u: byte %zu differs\n",
-                sdl::DataTypeName(dt), sizes[i], scale, misalign, in_place, grid_cap, first);
+    std::printf("FAIL %s n=%zu scale=%g divisor=%lld misalign=%zu in_place=%d zeros=%d "
+                "grid_cap=%u: byte %zu differs\n",
+                sdl::DataTypeName(dt), sizes[i], scale, static_cast<long long>(divisor),
+                misalign, in_place, zeros, grid_cap, first);
   }
 }
 
@@ -139,13 +178,21 @@ int main() {
                           DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
   for (DataType dt : all) {
     for (double scale : {1.0, 0.5, 3.0}) {
-      Case(dt, odd, scale, 0, false, 1u << 20, rng);  // aligned: vector path
-      Case(dt, odd, scale, 1, false, 3, rng);         // misaligned: element path, 3 blocks
-      Case(dt, odd, scale, 0, true, 7, rng);          // in place
-      Case(dt, many, scale, 0, false, 5, rng);        // several launches
+      Case(dt, odd, scale, 1, 0, false, false, 1u << 20, rng);  // aligned: vector path
+      Case(dt, odd, scale, 1, 1, false, false, 3, rng);         // misaligned: element path
+      Case(dt, odd, scale, 1, 0, true, false, 7, rng);          // in place
+      Case(dt, many, scale, 1, 0, false, false, 5, rng);        // several launches
     }
+    // Average's exact division by the rank count (300: wider than int8/uint8).
+    for (int64_t divisor : {3, 7, 300}) {
+      Case(dt, odd, 1.0, divisor, 0, false, false, 1u << 20, rng);
+      Case(dt, odd, 0.5, divisor, 1, true, false, 4, rng);
+    }
+    Case(dt, odd, 1.0, 1, 0, false, true, 6, rng);  // no source: zeros (plain kernel)
+    Case(dt, odd, 2.0, 3, 0, false, true, 6, rng);  // no source: zeros (scaled kernel)
   }
-  Case(DataType::kBool, odd, 1.0, 1, false, 2, rng);  // bool: plain copy only
+  Case(DataType::kBool, odd, 1.0, 1, 1, false, false, 2, rng);  // bool: plain copy only
+  Case(DataType::kBool, odd, 1.0, 1, 0, false, true, 2, rng);
   std::printf("kernel emulation: %d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

@@ -199,7 +199,7 @@ Status NcclCommunicator::Allreduce(const void* send, void* recv, size_t count, D
   SDL_GPU_RETURN_IF_ERROR(
       Finish(nccl_->AllReduce(send, recv, count, type, nop, comm_, stream_.get()),
              "ncclAllReduce"));
-  if (op == ReduceOp::kAverage) return ScaleInPlace(recv, count, dt, 1.0 / size_, stream_.get());
+  if (op == ReduceOp::kAverage) return ScaleInPlace(recv, count, dt, 1.0, stream_.get(), size_);
   return Status::OK();
 }
 
@@ -314,7 +314,7 @@ Status NcclCommunicator::Reducescatter(const void* send, void* recv,
     SDL_GPU_RETURN_IF_ERROR(end);
   }
   if (op == ReduceOp::kAverage)
-    return ScaleInPlace(recv, counts[rank_], dt, 1.0 / size_, stream_.get());
+    return ScaleInPlace(recv, counts[rank_], dt, 1.0, stream_.get(), size_);
   return Status::OK();
 }
 

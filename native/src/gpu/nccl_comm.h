@@ -75,8 +75,9 @@ class NcclCommunicator {
 
   // --- collectives (enqueue on stream() and return) ---
   // recv = reduce over ranks of send; in place when send == recv. Average is a
-  // Sum followed by a scale by 1/size in place (integers truncate, as on CPU);
-  // a fused caller reduces with Sum and folds 1/size into UnpackFusion instead.
+  // Sum followed by a division by size in place (integers exactly, toward zero,
+  // as the CPU operations do); a fused caller reduces with Sum and folds the
+  // division into UnpackFusion instead.
   Status Allreduce(const void* send, void* recv, size_t count, DataType dt, ReduceOp op);
   // recv = the ranks' send buffers back to back, rank r's `counts[r]` elements
   // at offset sum(counts[0..r)). Unequal counts (ragged first dimension) run as

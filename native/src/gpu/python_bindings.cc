@@ -169,12 +169,14 @@ class SelftestNccl {
     const size_t elements = offset / es;  // alignment padding is reduced too (harmless)
     DeviceGuard guard(Cuda(), comm_->device());
     guard.status().ThrowIfError();
-    if (op == ReduceOp::kAverage) postscale /= comm_->size();
+    // Average: 1/size folded into the postscale, or an exact division for integers.
+    const int64_t divisor = op == ReduceOp::kAverage && !IsFloating(dt) ? comm_->size() : 1;
+    if (op == ReduceOp::kAverage && IsFloating(dt)) postscale /= comm_->size();
     PackFusion(pack, dt, prescale, comm_->stream()).ThrowIfError();
     comm_->Allreduce(fusion_.data(), fusion_.data(), elements, dt,
                      op == ReduceOp::kAverage ? ReduceOp::kSum : op)
         .ThrowIfError();
-    Run(UnpackFusion(unpack, dt, postscale, comm_->stream()));
+    Run(UnpackFusion(unpack, dt, postscale, comm_->stream(), divisor));
   }
 
  private:
@@ -284,7 +286,7 @@ void RegisterPythonBindings(nb::module_& m) {
   m.def(
       "_gpu_selftest_scaled_copy",
       [](std::vector<uintptr_t> srcs, std::vector<uintptr_t> dsts, std::vector<size_t> counts,
-         const std::string& dtype, double scale, int device) {
+         const std::string& dtype, double scale, int device, int64_t divisor) {
         if (srcs.size() != dsts.size() || srcs.size() != counts.size())
           throw Error(ErrorCode::kInvalidArgument, "srcs, dsts and counts differ in length");
         std::vector<CopySpan> spans;
@@ -297,12 +299,14 @@ void RegisterPythonBindings(nb::module_& m) {
         guard.status().ThrowIfError();
         Stream stream;
         Stream::Create(device, 0, &stream).ThrowIfError();
-        BatchedScaledCopy(spans, ParseDataType(dtype), scale, stream.get()).ThrowIfError();
+        BatchedScaledCopy(spans, ParseDataType(dtype), scale, stream.get(), divisor)
+            .ThrowIfError();
         nb::gil_scoped_release nogil;
         stream.Synchronize().ThrowIfError();
       },
-      "srcs"_a, "dsts"_a, "counts"_a, "dtype"_a, "scale"_a, "device"_a,
-      "TEST ONLY: dst = src * scale for device pointers (ints) with one batched kernel "
+      "srcs"_a, "dsts"_a, "counts"_a, "dtype"_a, "scale"_a, "device"_a, "divisor"_a = 1,
+      "TEST ONLY: dst = src scaled (integers / divisor, then * scale; src 0 writes zeros) "
+      "for device pointers (ints) with one batched kernel "
       "launch per 128 spans on a private stream, synchronized before returning. The caller "
       "synchronizes its own stream first.");
   m.def(
