@@ -5,7 +5,7 @@
 #pragma once
 
 #include <string>
-#include <utility>
+#include <utility>  // std::move, std::declval
 
 #include "common/types.h"
 
@@ -15,6 +15,21 @@ namespace gpu {
 class Status {
  public:
   Status() = default;  // OK
+  // From another status type with public `code` (an ErrorCode) and `message`
+  // fields, such as the operations layer's sdl::Status: implicit, so a
+  // std::function returning that type serves as a BroadcastFromRoot.
+  template <typename S, typename = decltype(std::declval<const S&>().message),
+            typename = decltype(std::declval<const S&>().code)>
+  Status(const S& other) : code_(other.code), message_(other.message) {}  // NOLINT
+  // The same value as such a type: status.As<sdl::Status>().
+  template <typename S>
+  S As() const {
+    S s;
+    s.code = code_;
+    s.message = message_;
+    return s;
+  }
+
   static Status OK() { return Status(); }
   static Status Error(ErrorCode code, std::string message) {
     Status s;
