@@ -15,7 +15,7 @@ bool Request::SameSignature(const Request& o) const {
   return op == o.op && dtype == o.dtype && reduce == o.reduce && root == o.root &&
          prescale == o.prescale && postscale == o.postscale && name == o.name &&
          shape == o.shape && splits == o.splits && group == o.group &&
-         group_size == o.group_size && ranks == o.ranks;
+         group_size == o.group_size && ranks == o.ranks && device == o.device;
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -100,6 +100,8 @@ std::string EncodeRequests(const std::vector<Request>& reqs, bool joined, bool s
     w.Str(r.group);
     w.Pod(r.group_size);
     w.Vec(r.ranks);
+    w.Pod(r.device.type);
+    w.Pod(r.device.index);
   }
   return w.Take();
 }
@@ -122,6 +124,8 @@ std::vector<Request> DecodeRequests(const std::string& buf, bool* joined, bool* 
     r.group = rd.Str();
     r.group_size = rd.Pod<int32_t>();
     r.ranks = rd.Vec<int32_t>();
+    r.device.type = rd.Pod<DeviceType>();
+    r.device.index = rd.Pod<int32_t>();
   }
   return reqs;
 }
@@ -133,6 +137,7 @@ std::string EncodeResponses(const std::vector<Response>& resps) {
     w.Pod(r.op);
     w.Pod(r.dtype);
     w.Pod(r.reduce);
+    w.Pod(r.device);
     w.Pod(r.root);
     w.Pod(r.prescale);
     w.Pod(r.postscale);
@@ -160,6 +165,7 @@ std::vector<Response> DecodeResponses(const std::string& buf) {
     r.op = rd.Pod<OpType>();
     r.dtype = rd.Pod<DataType>();
     r.reduce = rd.Pod<ReduceOp>();
+    r.device = rd.Pod<DeviceType>();
     r.root = rd.Pod<int32_t>();
     r.prescale = rd.Pod<double>();
     r.postscale = rd.Pod<double>();

@@ -23,6 +23,7 @@ struct Request {
   std::string group;            // grouped allreduce: group key ("" = none)
   int32_t group_size = 0;
   std::vector<int32_t> ranks;   // process-set add: member ranks; remove: {id}
+  Device device;                // where this rank's tensor lives
 
   int64_t NumElements() const;
   // True when two ranks' requests for the same name may run together
@@ -34,6 +35,9 @@ struct Response {
   OpType op = OpType::kAllreduce;
   DataType dtype = DataType::kFloat32;
   ReduceOp reduce = ReduceOp::kSum;
+  // The memory kind every member agreed on (MemoryKind of their requests'
+  // devices: kCPU or kCUDA). The GPU ordinal is each member's own (its Entry).
+  DeviceType device = DeviceType::kCPU;
   int32_t root = 0;
   double prescale = 1.0;
   double postscale = 1.0;

@@ -2,6 +2,21 @@
 
 namespace sdl {
 
+std::string DeviceName(Device d) {
+  switch (d.type) {
+    case DeviceType::kCPU: return "cpu";
+    case DeviceType::kCUDA: return "cuda:" + std::to_string(d.index);
+    case DeviceType::kCUDAHost: return "cuda_host";
+  }
+  return "?";
+}
+
+DeviceType MemoryKind(Device d) { return d.host() ? DeviceType::kCPU : DeviceType::kCUDA; }
+
+const char* MemoryKindName(DeviceType kind) {
+  return kind == DeviceType::kCUDA ? "cuda" : "cpu";
+}
+
 size_t DataTypeSize(DataType dt) {
   switch (dt) {
     case DataType::kUInt8: case DataType::kInt8: case DataType::kBool: return 1;

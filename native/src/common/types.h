@@ -23,6 +23,30 @@ enum class OpType : uint8_t {
   kProcessSetAdd, kProcessSetRemove,  // world-set ops that change the set registry
 };
 
+// Where a tensor's memory lives, as DLPack says (kDLCPU, kDLCUDA, kDLCUDAHost).
+// CUDA host (pinned) memory is host memory: CPU transports read it directly.
+enum class DeviceType : uint8_t { kCPU = 0, kCUDA = 1, kCUDAHost = 2 };
+
+struct Device {
+  DeviceType type = DeviceType::kCPU;
+  int32_t index = 0;  // the GPU's ordinal on this host (0 for host memory)
+
+  // True for memory the CPU can address (CPU and pinned CUDA host memory).
+  bool host() const { return type != DeviceType::kCUDA; }
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+  bool operator<(const Device& o) const {
+    return type != o.type ? type < o.type : index < o.index;
+  }
+};
+
+// "cpu", "cuda:1", "cuda_host".
+std::string DeviceName(Device d);
+// The kind every rank must agree on for one tensor: kCPU for host memory, kCUDA
+// for device memory (the GPU ordinal may differ between ranks).
+DeviceType MemoryKind(Device d);
+const char* MemoryKindName(DeviceType kind);
+
 size_t DataTypeSize(DataType dt);
 const char* DataTypeName(DataType dt);
 const char* ReduceOpName(ReduceOp op);

@@ -23,20 +23,22 @@ std::string RankList(const std::vector<int>& ranks) {
 
 // Compares one property across members; on mismatch returns a message such
 // as "Mismatched allreduce shapes for tensor 'w': rank 0 has [2, 3], rank 1 has [3]".
-template <typename F>
+// key decides equality; show (default: key) is what the message prints per rank,
+// so that devices compare by memory kind but print as "cuda:1".
+template <typename F, typename G>
 std::string Compare(const ProcessSet& ps, const PendingName& p, const Request& first,
-                    const char* what, F describe) {
-  std::string base = describe(first);
+                    const char* what, F key, G show) {
+  std::string base = key(first);
   for (int i = 0; i < ps.size(); ++i) {
     if (!p.have[i]) continue;
-    std::string mine = describe(p.reqs[i]);
+    std::string mine = key(p.reqs[i]);
     if (mine != base) {
       std::ostringstream msg;
       msg << "Mismatched " << OpTypeName(first.op) << " " << what << " for tensor '" << first.name
           << "':";
       std::map<std::string, std::vector<int>> by_value;
       for (int j = 0; j < ps.size(); ++j)
-        if (p.have[j]) by_value[describe(p.reqs[j])].push_back(ps.ranks[j]);
+        if (p.have[j]) by_value[show(p.reqs[j])].push_back(ps.ranks[j]);
       bool firstv = true;
       for (auto& [value, ranks] : by_value) {
         msg << (firstv ? " " : "; ") << "rank" << (ranks.size() > 1 ? "s " : " ")
@@ -48,6 +50,12 @@ std::string Compare(const ProcessSet& ps, const PendingName& p, const Request& f
     }
   }
   return "";
+}
+
+template <typename F>
+std::string Compare(const ProcessSet& ps, const PendingName& p, const Request& first,
+                    const char* what, F describe) {
+  return Compare(ps, p, first, what, describe, describe);
 }
 
 double NowSeconds() {
@@ -70,6 +78,7 @@ Response Validate(const ProcessSet& ps, const PendingName& p) {
   r.op = first->op;
   r.dtype = first->dtype;
   r.reduce = first->reduce;
+  r.device = MemoryKind(first->device);
   r.root = first->root;
   r.prescale = first->prescale;
   r.postscale = first->postscale;
@@ -80,6 +89,13 @@ Response Validate(const ProcessSet& ps, const PendingName& p) {
 
   std::string err = Compare(ps, p, *first, "operations",
                             [](const Request& q) { return std::string(OpTypeName(q.op)); });
+  // Devices: every member's tensor must be in the same kind of memory (host or
+  // CUDA): the backend is chosen per response, and one backend serves one kind.
+  if (err.empty())
+    err = Compare(
+        ps, p, *first, "devices",
+        [](const Request& q) { return std::string(MemoryKindName(MemoryKind(q.device))); },
+        [](const Request& q) { return DeviceName(q.device); });
   if (err.empty())
     err = Compare(ps, p, *first, "data types",
                   [](const Request& q) { return std::string(DataTypeName(q.dtype)); });
@@ -324,12 +340,13 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
       for (Response& m : members) ready.push_back(std::move(m));
       continue;
     }
-    // One fused allreduce per dtype: a fusion buffer holds one type (members of other
-    // types must not be packed as if they had the first member's).
+    // One fused allreduce per dtype and device: a fusion buffer holds one type on
+    // one device (members of other kinds must not be packed as the first member's).
     std::vector<Response> by_dtype;
     for (Response& m : members) {
-      auto same = std::find_if(by_dtype.begin(), by_dtype.end(),
-                               [&](const Response& r) { return r.dtype == m.dtype; });
+      auto same = std::find_if(by_dtype.begin(), by_dtype.end(), [&](const Response& r) {
+        return r.dtype == m.dtype && r.device == m.device;
+      });
       if (same == by_dtype.end()) {
         by_dtype.push_back(std::move(m));
       } else {
@@ -367,8 +384,9 @@ std::vector<Response> MergeGroups(std::vector<Response> ready) {
       out.push_back(std::move(r));
       continue;
     }
-    // One fused response per group and dtype (see the group merge in the negotiation).
-    const std::string key = r.group + '\0' + std::to_string(static_cast<int>(r.dtype));
+    // One fused response per group, dtype and device (see the group merge in the negotiation).
+    const std::string key = r.group + '\0' + std::to_string(static_cast<int>(r.dtype)) + '\0' +
+                            std::to_string(static_cast<int>(r.device));
     auto it = at.find(key);
     if (it == at.end()) {
       at[key] = out.size();

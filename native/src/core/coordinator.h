@@ -1,20 +1,7 @@
 // The coordinator's half of negotiation (runs on member 0 of a process set).
 //
-// Protocol, per cycle and per process set (see Runtime::Cycle):
-//  a) every member ANDs a bit vector: one bit per response-cache slot whose
-//     tensor it has ready, plus inverted flags (needs full negotiation,
-//     shutdown, coordinator has pending names, joined). Slots set on every
-//     member run at once from the cache: no further messages.
-//  b) if any flag asks for it, every member sends the requests it has not sent
-//     yet to the coordinator (an allgather of encoded request lists);
-//  c) the coordinator adds them to its table; a name is ready when every
-//     member asked for it (joined members count as ready for allreduce);
-//  d) ready names are validated across members (op, dtype, shape, root, ...)
-//     into responses (or error responses naming the ranks and what differed),
-//     grouped allreduces wait for their whole group, and compatible
-//     allreduces are fused up to the fusion threshold;
-//  e) the coordinator broadcasts the response list and every member executes
-//     it in order, so collectives run in the same order everywhere.
+// Steps c) and d) of the negotiation protocol described in core/controller.h:
+// the table of requests per name, validation across members, groups, fusion.
 #pragma once
 
 #include <vector>

@@ -1,9 +1,5 @@
 // Runs negotiated responses: the Runtime::Exec* members.
-#include <cstring>
-#include <numeric>
-
-#include "common/reduce.h"
-#include "core/fusion.h"
+#include "common/status.h"
 #include "core/runtime.h"
 
 namespace sdl {
@@ -13,45 +9,6 @@ int64_t Elements(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
-}
-
-int64_t RowElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
-// Average is Sum followed by a division; integers divide exactly (toward zero).
-void Finalize(void* buf, size_t n, DataType dt, ReduceOp op, double postscale, int size) {
-  if (op == ReduceOp::kAverage) {
-    if (IsFloating(dt)) {
-      postscale /= size;
-    } else {
-      switch (dt) {
-#define SDL_DIV(T)                                                          \
-  for (size_t i = 0; i < n; ++i) static_cast<T*>(buf)[i] /= static_cast<T>(size); \
-  break;
-        case DataType::kUInt8: SDL_DIV(uint8_t)
-        case DataType::kInt8: SDL_DIV(int8_t)
-        case DataType::kInt16: SDL_DIV(int16_t)
-        case DataType::kInt32: SDL_DIV(int32_t)
-        case DataType::kInt64: SDL_DIV(int64_t)
-        case DataType::kUInt64: SDL_DIV(uint64_t)
-#undef SDL_DIV
-        default: break;
-      }
-    }
-  }
-  Scale(buf, n, dt, postscale);
-}
-
-ReduceOp TransportOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
-
-std::shared_ptr<Buffer> Allocate(DataType dt, std::vector<int64_t> shape) {
-  auto b = std::make_shared<Buffer>(static_cast<size_t>(Elements(shape)) * DataTypeSize(dt));
-  b->dtype = dt;
-  b->shape = std::move(shape);
-  return b;
 }
 
 }  // namespace
@@ -134,126 +91,44 @@ void Runtime::Execute(ProcessSet& ps, const Response& r, bool from_cache) {
   }
 }
 
+// The data collectives go through the operations layer (ops/operations.h),
+// which picks the backend and packs, scales and unpacks; a failed Status ends
+// the runtime like a transport failure (the peers are out of step otherwise).
 void Runtime::ExecAllreduce(ProcessSet& ps, const Response& r) {
-  const size_t es = DataTypeSize(r.dtype);
-  const int size = ps.size();
   std::vector<Entry*> entries;
   for (const std::string& name : r.names) {
     auto it = ps.pending.find(name);
     entries.push_back(it == ps.pending.end() ? nullptr : &it->second);
   }
-  if (entries.size() == 1 && entries[0]) {
-    Entry& e = *entries[0];
-    size_t n = static_cast<size_t>(Elements(r.shapes[0]));
-    if (r.prescale == 1.0) {
-      // Out of place the transport reads the input itself: no copy first.
-      ps.comm->AllreduceInto(e.in, e.out, n, r.dtype, TransportOp(r.reduce));
-    } else {
-      if (e.out != e.in && n) std::memcpy(e.out, e.in, n * es);
-      Scale(e.out, n, r.dtype, r.prescale);
-      ps.comm->Allreduce(e.out, n, r.dtype, TransportOp(r.reduce));
-    }
-    Finalize(e.out, n, r.dtype, r.reduce, r.postscale, size);
-  } else {
-    // Fused (or this rank joined and contributes zeros): pack, reduce once, unpack.
-    std::vector<size_t> offsets;
-    size_t total = 0;
-    for (const auto& shape : r.shapes) {
-      offsets.push_back(total);
-      total += static_cast<size_t>(Elements(shape));
-    }
-    if (ps.fusion_buffer.size() < total * es) ps.fusion_buffer.resize(total * es);
-    char* buf = ps.fusion_buffer.data();
-    for (size_t i = 0; i < entries.size(); ++i) {
-      size_t bytes = static_cast<size_t>(Elements(r.shapes[i])) * es;
-      if (!bytes) continue;
-      if (entries[i]) std::memcpy(buf + offsets[i] * es, entries[i]->in, bytes);
-      else std::memset(buf + offsets[i] * es, 0, bytes);
-    }
-    Scale(buf, total, r.dtype, r.prescale);
-    ps.comm->Allreduce(buf, total, r.dtype, TransportOp(r.reduce));
-    Finalize(buf, total, r.dtype, r.reduce, r.postscale, size);
-    for (size_t i = 0; i < entries.size(); ++i) {
-      size_t bytes = static_cast<size_t>(Elements(r.shapes[i])) * es;
-      if (entries[i] && bytes) std::memcpy(entries[i]->out, buf + offsets[i] * es, bytes);
-    }
-    if (entries.size() > 1) counters_.fused_tensors += static_cast<int64_t>(entries.size());
-  }
+  ThrowIfError(ops_.Allreduce(ps, r, entries));
+  if (entries.size() > 1) counters_.fused_tensors += static_cast<int64_t>(entries.size());
   counters_.collectives++;
   for (const std::string& name : r.names) Finish(ps, name, Result());
 }
 
 void Runtime::ExecAllgather(ProcessSet& ps, const Response& r) {
-  Entry& e = ps.pending.at(r.names[0]);
-  const size_t row = static_cast<size_t>(RowElements(e.req.shape)) * DataTypeSize(r.dtype);
-  std::vector<size_t> bytes;
-  int64_t rows = 0;
-  for (int64_t d : r.first_dims) {
-    bytes.push_back(static_cast<size_t>(d) * row);
-    rows += d;
-  }
-  std::vector<int64_t> shape = e.req.shape;
-  shape[0] = rows;
   Result res;
-  res.outputs.push_back(Allocate(r.dtype, shape));
-  ps.comm->Allgatherv(e.in, res.outputs[0]->data.get(), bytes);
+  ThrowIfError(ops_.Allgather(ps, r, ps.pending.at(r.names[0]), &res));
   counters_.collectives++;
   Finish(ps, r.names[0], std::move(res));
 }
 
 void Runtime::ExecBroadcast(ProcessSet& ps, const Response& r) {
-  Entry& e = ps.pending.at(r.names[0]);
-  size_t bytes = static_cast<size_t>(Elements(e.req.shape)) * DataTypeSize(r.dtype);
-  if (e.out != e.in && ps.my_rank == r.root && bytes) std::memcpy(e.out, e.in, bytes);
-  ps.comm->Broadcast(e.out, bytes, r.root);
+  ThrowIfError(ops_.Broadcast(ps, r, ps.pending.at(r.names[0])));
   counters_.collectives++;
   Finish(ps, r.names[0], Result());
 }
 
 void Runtime::ExecAlltoall(ProcessSet& ps, const Response& r) {
-  Entry& e = ps.pending.at(r.names[0]);
-  const int n = ps.size();
-  const size_t row = static_cast<size_t>(RowElements(e.req.shape)) * DataTypeSize(r.dtype);
-  std::vector<size_t> matrix(r.split_matrix.size());
-  for (size_t i = 0; i < matrix.size(); ++i) matrix[i] = static_cast<size_t>(r.split_matrix[i]) * row;
   Result res;
-  int64_t rows = 0;
-  for (int q = 0; q < n; ++q) {
-    int64_t got = r.split_matrix[q * n + ps.my_rank];
-    res.ints.push_back(got);
-    rows += got;
-  }
-  std::vector<int64_t> shape = e.req.shape;
-  shape[0] = rows;
-  res.outputs.push_back(Allocate(r.dtype, shape));
-  ps.comm->Alltoallv(e.in, res.outputs[0]->data.get(), matrix);
+  ThrowIfError(ops_.Alltoall(ps, r, ps.pending.at(r.names[0]), &res));
   counters_.collectives++;
   Finish(ps, r.names[0], std::move(res));
 }
 
 void Runtime::ExecReducescatter(ProcessSet& ps, const Response& r) {
-  Entry& e = ps.pending.at(r.names[0]);
-  const int n = ps.size();
-  const int64_t dim0 = e.req.shape[0];
-  const int64_t row = RowElements(e.req.shape);
-  std::vector<size_t> counts;
-  for (int q = 0; q < n; ++q)
-    counts.push_back(static_cast<size_t>((dim0 / n + (q < dim0 % n ? 1 : 0)) * row));
-  std::vector<int64_t> shape = e.req.shape;
-  shape[0] = dim0 / n + (ps.my_rank < dim0 % n ? 1 : 0);
   Result res;
-  res.outputs.push_back(Allocate(r.dtype, shape));
-  void* out = res.outputs[0]->data.get();
-  const void* in = e.in;
-  std::vector<char> scaled;
-  if (r.prescale != 1.0) {
-    size_t bytes = static_cast<size_t>(dim0 * row) * DataTypeSize(r.dtype);
-    scaled.assign(static_cast<const char*>(e.in), static_cast<const char*>(e.in) + bytes);
-    Scale(scaled.data(), static_cast<size_t>(dim0 * row), r.dtype, r.prescale);
-    in = scaled.data();
-  }
-  ps.comm->Reducescatter(in, out, counts, r.dtype, TransportOp(r.reduce));
-  Finalize(out, counts[ps.my_rank], r.dtype, r.reduce, r.postscale, n);
+  ThrowIfError(ops_.Reducescatter(ps, r, ps.pending.at(r.names[0]), &res));
   counters_.collectives++;
   Finish(ps, r.names[0], std::move(res));
 }
@@ -301,6 +176,7 @@ void Runtime::ExecProcessSetChange(ProcessSet& ps, const Response& r) {
     FailSet(*removed, ErrorCode::kInvalidArgument,
             "process set " + std::to_string(id) + " was removed");
     removed->comm.reset();
+    ops_.ReleaseSet(id);
   }
   Finish(ps, r.names[0], Result());
 }

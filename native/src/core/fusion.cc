@@ -8,7 +8,7 @@ bool Fusable(const Response& r) {
 }
 
 bool SameKind(const Response& a, const Response& b) {
-  return a.dtype == b.dtype && a.reduce == b.reduce && a.prescale == b.prescale &&
+  return a.dtype == b.dtype && a.device == b.device && a.reduce == b.reduce && a.prescale == b.prescale &&
          a.postscale == b.postscale;
 }
 

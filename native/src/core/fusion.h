@@ -8,7 +8,7 @@
 
 namespace sdl {
 
-// Merges compatible single-op allreduce responses (same dtype, reduce op and
+// Merges compatible single-op allreduce responses (same dtype, device, reduce op and
 // scale factors, no error, not part of a group) into fused responses of at
 // most threshold bytes, keeping the first-ready order otherwise. Grouped
 // responses are already one response per group and pass through unchanged.

@@ -117,6 +117,10 @@ char* AcquireOutput(size_t bytes, size_t* capacity) {
 
 void OutputDeleter::operator()(char* p) const {
   if (!p) return;
+  if (release) {
+    release(p);
+    return;
+  }
   if (capacity == 0) {
     delete[] p;
     return;
@@ -132,6 +136,9 @@ void OutputDeleter::operator()(char* p) const {
   }
   Unmap(drop);
 }
+
+Buffer::Buffer(Device d, char* p, size_t n, std::function<void(char*)> release)
+    : data(p, OutputDeleter{0, std::move(release)}), bytes(n), device(d) {}
 
 Buffer::Buffer(size_t n) : bytes(n) {
   if (!n) return;

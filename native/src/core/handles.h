@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,10 +15,11 @@
 
 namespace sdl {
 
-// Frees output memory: back to the output pool when it came from there
-// (capacity > 0), else delete[].
+// Frees output memory: through release when set (device memory), else back
+// to the output pool when it came from there (capacity > 0), else delete[].
 struct OutputDeleter {
   size_t capacity = 0;
+  std::function<void(char*)> release;
   void operator()(char* p) const;
 };
 
@@ -35,10 +37,14 @@ struct OutputDeleter {
 // The pool keeps at most 256 MiB idle and unmaps buffers idle for over 30 s
 // (checked whenever an output is taken or released).
 // Smaller buffers come from the heap.
+// Device outputs (CUDA tensors) come from the device's memory instead and are
+// freed through release.
 struct Buffer {
   explicit Buffer(size_t n);
+  Buffer(Device d, char* p, size_t n, std::function<void(char*)> release);
   std::unique_ptr<char[], OutputDeleter> data;
   size_t bytes;
+  Device device;
   DataType dtype = DataType::kUInt8;
   std::vector<int64_t> shape;
 };

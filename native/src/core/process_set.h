@@ -27,6 +27,7 @@ struct Entry {
   void* out = nullptr;       // caller memory, or null when the core allocates
   std::shared_ptr<Buffer> output;  // core-allocated out (allreduce), handed back on success
   int64_t handle = 0;
+  uintptr_t stream = 0;      // the framework's stream for device tensors (0: default)
   bool sent = false;         // already sent to the coordinator
   double since = 0;          // steady-clock seconds when the background thread took it in
 };
@@ -70,7 +71,6 @@ struct ProcessSet {
   Coordinator coord;
   bool joined = false;        // this rank called join and waits for the others
   int64_t join_handle = 0;
-  std::vector<char> fusion_buffer;
 
   bool member() const { return my_rank >= 0; }
   int size() const { return static_cast<int>(ranks.size()); }

@@ -9,7 +9,6 @@
 #include <fstream>
 #include <random>
 #include <sstream>
-#include <unordered_set>
 
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
@@ -21,13 +20,9 @@
 #endif
 #include "comm/shm_comm.h"
 #include "common/reduce.h"
-#include "core/coordinator.h"
-#include "core/fusion.h"
 
 namespace sdl {
 namespace {
-
-constexpr uint64_t kNeedFull = 1, kShutdownFlag = 2, kCoordPending = 4, kJoinedFlag = 8;
 
 double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -60,7 +55,13 @@ std::string StoreGet(gloo::rendezvous::Store& store, const std::string& key, dou
 
 }  // namespace
 
-Runtime::Runtime(RuntimeOptions opts) : opts_(std::move(opts)), config_(opts_.config) {
+Runtime::Runtime(RuntimeOptions opts)
+    : opts_(std::move(opts)),
+      config_(opts_.config),
+      controller_(
+          counters_,
+          [this](ProcessSet& ps, const Response& r, bool from_cache) { Execute(ps, r, from_cache); },
+          [this](int level, const std::string& msg) { Log(level, msg); }) {
   if (opts_.use_mpi) {
     InitMpi();
   } else {
@@ -306,7 +307,7 @@ void Runtime::CheckUsable() {
 }
 
 int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
-                         bool core_output) {
+                         bool core_output, uintptr_t stream) {
   CheckUsable();
   std::shared_ptr<ProcessSet> ps = FindSet(ps_id);
   if (!ps->member())
@@ -344,6 +345,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                   "alltoall splits of '" + req.name + "' sum to " + std::to_string(sum) +
                       " but the first dimension is " + std::to_string(req.shape[0]));
   }
+  ops_.CheckServable(req);  // the backend choice refuses devices this build cannot serve
   for (int64_t d : req.shape)
     if (d < 0) throw Error(ErrorCode::kInvalidArgument, "negative dimension in '" + req.name + "'");
   if (tensor_op && in == nullptr && req.NumElements() > 0)
@@ -354,6 +356,10 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "': only an allreduce without an output tensor can ask the core for its output");
   std::shared_ptr<Buffer> output;
+  if (core_output && !req.device.host())
+    throw Error(ErrorCode::kInvalidArgument,
+                "allreduce of '" + req.name + "': the core allocates outputs for host tensors "
+                "only; pass an output tensor on " + DeviceName(req.device));
   if (core_output) {
     // Allocated here, outside the collective: a pool miss maps and pre-faults
     // fresh memory on the caller's thread, not while peers wait.
@@ -382,6 +388,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
     e.out = out;
     e.output = std::move(output);
     e.handle = h;
+    e.stream = stream;
     ps->incoming.push_back(std::move(e));
   }
   {
@@ -467,105 +474,6 @@ void Runtime::Intake(ProcessSet& ps) {
   }
 }
 
-bool Runtime::Cycle(ProcessSet& ps, bool world) {
-  Intake(ps);
-  Config cfg = config();
-  const size_t cap = ps.cache.capacity();
-  const size_t words = 2 + (cap + 63) / 64;
-  std::vector<uint64_t> bits(words, 0);
-  uint64_t flags = 0;
-  // A cached name still waiting after kCachedWaitS goes through full negotiation,
-  // so that the coordinator sees it: stall warnings and mismatch errors come from
-  // its table (cache bits alone never show which names the others wait on).
-  constexpr double kCachedWaitS = 1.0;
-  const double now = SteadySeconds();
-  for (const std::string& name : ps.pending_order) {
-    Entry& e = ps.pending[name];
-    if (e.sent) continue;
-    int slot = ps.cache.Lookup(e.req);
-    if (slot >= 0 && now - e.since < kCachedWaitS) bits[2 + slot / 64] |= uint64_t{1} << (slot % 64);
-    else flags |= kNeedFull;
-  }
-  if (world && shutdown_requested_.load()) flags |= kShutdownFlag;
-  if (ps.my_rank == 0 && !ps.coord.Empty()) flags |= kCoordPending;
-  if (ps.joined) flags |= kJoinedFlag;
-  bits[0] = ~flags;
-  bits[1] = static_cast<uint64_t>(std::max<int64_t>(cfg.fusion_threshold, 0));
-  ps.comm->Allreduce(bits.data(), words, DataType::kUInt64, ReduceOp::kBitAnd);
-  flags = ~bits[0];
-  const int64_t threshold = static_cast<int64_t>(bits[1]);  // identical on every member
-  counters_.cycles++;
-  if (flags & kShutdownFlag) return true;
-
-  // a) tensors every member has ready in the cache run now, in slot order.
-  std::vector<int> slots;
-  for (size_t w = 2; w < words; ++w)
-    for (uint64_t b = bits[w]; b; b &= b - 1)
-      slots.push_back(static_cast<int>((w - 2) * 64 + __builtin_ctzll(b)));
-  if (!slots.empty()) {
-    std::map<std::string, int> group_hits;
-    for (int s : slots)
-      if (!ps.cache.request(s).group.empty()) group_hits[ps.cache.request(s).group]++;
-    std::vector<Response> ready;
-    for (int s : slots) {
-      const Request& rq = ps.cache.request(s);
-      if (!rq.group.empty() && group_hits[rq.group] < rq.group_size) continue;
-      ready.push_back(ps.cache.response(s));
-      ps.cache.Touch(s);
-    }
-    for (const Response& r : FuseResponses(MergeGroups(std::move(ready)), threshold)) {
-      counters_.cache_hits += static_cast<int64_t>(r.names.size());
-      Execute(ps, r, true);
-    }
-  }
-
-  // b)-e) full negotiation through the coordinator.
-  if (flags & (kNeedFull | kCoordPending | kJoinedFlag)) {
-    counters_.full_negotiations++;
-    std::vector<Request> send;
-    for (const std::string& name : ps.pending_order) {
-      auto it = ps.pending.find(name);
-      if (it == ps.pending.end() || it->second.sent) continue;
-      it->second.sent = true;
-      send.push_back(it->second.req);
-    }
-    std::vector<std::string> all = ps.comm->AllgatherBytes(EncodeRequests(send, ps.joined, false));
-    std::string out;
-    if (ps.my_rank == 0) {
-      for (int q = 0; q < ps.size(); ++q) {
-        bool joined = false, unused = false;
-        std::vector<Request> reqs = DecodeRequests(all[q], &joined, &unused);
-        CoordinatorAdd(ps, q, std::move(reqs), joined);
-      }
-      std::vector<std::string> warnings;
-      std::vector<Response> ready =
-          CoordinatorReady(ps, cfg.fusion_threshold, cfg.stall_warning_s, cfg.timeout_s, &warnings);
-      for (const std::string& w : warnings) Log(0, "warning: " + w);
-      if (cfg.verbose >= 2) {
-        for (const Response& r : ready)
-          Log(2, "process set " + std::to_string(ps.id) + ": run " + OpTypeName(r.op) + " of " +
-                     std::to_string(r.names.size()) + " tensor(s), first '" + r.names[0] + "'" +
-                     (r.error.empty() ? "" : " (error)"));
-      }
-      out = EncodeResponses(ready);
-    }
-    ps.comm->BroadcastBytes(&out, 0);
-    for (const Response& r : DecodeResponses(out)) {
-      counters_.negotiated += static_cast<int64_t>(r.names.size());
-      Execute(ps, r, false);
-    }
-  }
-
-  // Drop finished names from the order (a name may be enqueued again later).
-  std::vector<std::string> order;
-  order.reserve(ps.pending.size());
-  std::unordered_set<std::string> kept;
-  for (std::string& name : ps.pending_order)
-    if (ps.pending.count(name) && kept.insert(name).second) order.push_back(std::move(name));
-  ps.pending_order.swap(order);
-  return false;
-}
-
 void Runtime::WaitForWork(bool busy, bool everywhere) {
   Config cfg = config();
   // While tensors wait for slower ranks, cycle more often: their arrival is
@@ -603,14 +511,18 @@ void Runtime::Loop() {
       }
       WaitForWork(busy, everywhere);
       std::shared_ptr<ProcessSet> world = FindSet(0);
-      if (Cycle(*world, true)) break;
+      Intake(*world);
+      if (controller_.Cycle(*world, config(), true, shutdown_requested_.load())) break;
       std::vector<std::shared_ptr<ProcessSet>> sets;
       {
         std::lock_guard<std::mutex> lk(sets_mu_);
         for (auto& [id, ps] : active_)
           if (id != 0 && ps->member()) sets.push_back(ps);
       }
-      for (auto& ps : sets) Cycle(*ps, false);
+      for (auto& ps : sets) {
+        Intake(*ps);
+        controller_.Cycle(*ps, config(), false, false);
+      }
     }
     message = "spark_dl has been shut down";
   } catch (const Error& e) {

@@ -23,8 +23,11 @@
 
 #include "common/config.h"
 #include "common/message.h"
+#include "core/controller.h"
+#include "core/counters.h"
 #include "core/handles.h"
 #include "core/process_set.h"
+#include "ops/operations.h"
 
 namespace gloo {
 namespace rendezvous { class Store; }
@@ -52,18 +55,6 @@ struct RuntimeOptions {
   std::vector<int32_t> mpi_ranks;    // init(comm=[ranks]): a subset of MPI_COMM_WORLD
 };
 
-// Counters that tests and benchmarks read to see what the core did.
-struct Counters {
-  std::atomic<int64_t> cycles{0};            // negotiation cycles (all sets)
-  std::atomic<int64_t> full_negotiations{0};  // cycles that exchanged request lists
-  std::atomic<int64_t> cache_hits{0};        // tensors run straight from the response cache
-  std::atomic<int64_t> negotiated{0};        // tensors run after full negotiation
-  std::atomic<int64_t> collectives{0};       // data collectives issued to a transport
-  std::atomic<int64_t> fused_tensors{0};     // tensors that shared a collective with others
-  std::atomic<int64_t> tensors{0};           // finished tensor operations
-  std::atomic<int64_t> bytes{0};             // payload bytes of finished operations
-};
-
 class Runtime {
  public:
   explicit Runtime(RuntimeOptions opts);
@@ -83,9 +74,10 @@ class Runtime {
   // a failure or shutdown.
   // core_output (allreduce, out == nullptr): the core allocates the output
   // from its output pool (see Buffer in handles.h) and returns it as the
-  // result's first output.
+  // result's first output. stream: the framework's stream that produced a
+  // device tensor (DLPack's stream protocol; 0: the default stream).
   int64_t Enqueue(int32_t ps_id, Request req, const void* in, void* out,
-                  bool core_output = false);
+                  bool core_output = false, uintptr_t stream = 0);
 
   // Registers a new process set (every rank calls it, in the same order).
   // Members connect before this returns; the set becomes usable on every rank
@@ -99,6 +91,7 @@ class Runtime {
   HandleTable& handles() { return handles_; }
   const Topology& topology() const { return opts_.topo; }
   Counters& counters() { return counters_; }
+  const Operations& operations() const { return ops_; }
   Config config();
   void SetKnob(const std::string& name, const std::string& value);
   bool failed() const { return failed_.load(); }
@@ -113,8 +106,7 @@ class Runtime {
   std::shared_ptr<ProcessSet> FindSet(int32_t id);
   void CheckUsable();
   void Loop();
-  // One negotiation cycle of one set; returns true when the ranks agreed to stop.
-  bool Cycle(ProcessSet& ps, bool world);
+  // Moves newly enqueued entries of a set to the background thread's side.
   void Intake(ProcessSet& ps);
   void WaitForWork(bool busy, bool everywhere);
   void Execute(ProcessSet& ps, const Response& r, bool from_cache);
@@ -133,6 +125,8 @@ class Runtime {
   Config config_;
   HandleTable handles_;
   Counters counters_;
+  Controller controller_;
+  Operations ops_;  // backends, device memories, fusion buffers (background thread)
   std::string job_token_;
   std::vector<std::string> host_of_rank_;
   std::shared_ptr<gloo::transport::Device> gloo_device_;

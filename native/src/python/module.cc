@@ -18,6 +18,7 @@
 
 #include "common/config.h"
 #include "core/runtime.h"
+#include "gpu/python_bindings.h"
 #ifdef SDL_HAVE_MPI
 #include "comm/mpi_comm.h"
 #endif
@@ -112,12 +113,24 @@ nb::dlpack::dtype ToDLPack(DataType dt) {
   return t;
 }
 
+// The tensor's device from its DLPack capsule. Whether some backend can run an
+// operation on it is decided by the core's operations layer at enqueue, not here.
+template <typename A>
+Device DeviceOf(const A& a, const std::string& name, const char* what) {
+  switch (a.device_type()) {
+    case nb::device::cpu::value: return Device{DeviceType::kCPU, 0};
+    case nb::device::cuda::value: return Device{DeviceType::kCUDA, a.device_id()};
+    case nb::device::cuda_host::value: return Device{DeviceType::kCUDAHost, 0};
+    default:
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string(what) + " of '" + name + "' is on an unsupported device (DLPack "
+                  "device type " + std::to_string(a.device_type()) + "); spark_dl runs CPU and "
+                  "CUDA tensors");
+  }
+}
+
 template <typename A>
 void CheckTensor(const A& a, const std::string& name, const char* what) {
-  if (a.device_type() != nb::device::cpu::value)
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string(what) + " of '" + name +
-                    "' is on a GPU; this build runs CPU tensors only (NCCL not built)");
   if (a.size() == 0) return;  // empty tensors have no layout to get wrong
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
@@ -134,15 +147,19 @@ nb::object ToArray(const std::shared_ptr<Buffer>& buf) {
   std::vector<size_t> shape(buf->shape.begin(), buf->shape.end());
   static char empty[8];
   void* data = buf->data ? buf->data.get() : empty;
+  const int32_t device_type = buf->device.type == DeviceType::kCUDA ? nb::device::cuda::value
+                              : buf->device.type == DeviceType::kCUDAHost
+                                  ? nb::device::cuda_host::value
+                                  : nb::device::cpu::value;
   nb::ndarray<> arr(data, shape.size(), shape.data(), owner, nullptr, ToDLPack(buf->dtype),
-                    nb::device::cpu::value);
+                    device_type, buf->device.index);
   return nb::cast(arr);
 }
 
 int64_t Enqueue(int op, const std::string& name, std::optional<nb::ndarray<nb::ro>> input,
                 std::optional<nb::ndarray<>> output, int32_t process_set, int reduce,
                 double prescale, double postscale, int32_t root, std::vector<int64_t> splits,
-                std::string group, int32_t group_size, bool core_output) {
+                std::string group, int32_t group_size, bool core_output, uintptr_t stream) {
   Runtime& rt = Rt();
   Request req;
   req.op = static_cast<OpType>(op);
@@ -158,19 +175,26 @@ int64_t Enqueue(int op, const std::string& name, std::optional<nb::ndarray<nb::r
   void* out = nullptr;
   if (input) {
     CheckTensor(*input, name, "input");
+    req.device = DeviceOf(*input, name, "input");
     req.dtype = FromDLPack(input->dtype());
     for (size_t i = 0; i < input->ndim(); ++i) req.shape.push_back(static_cast<int64_t>(input->shape(i)));
     in = input->data();
   }
   if (output) {
     CheckTensor(*output, name, "output");
+    Device out_device = DeviceOf(*output, name, "output");
+    if (input && out_device != req.device)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "output of '" + name + "' is on " + DeviceName(out_device) +
+                      " but its input is on " + DeviceName(req.device) +
+                      "; pass an output on the input's device");
     if (FromDLPack(output->dtype()) != req.dtype || output->size() != (input ? input->size() : 0))
       throw Error(ErrorCode::kInvalidArgument,
                   "output of '" + name + "' must have the input's dtype and number of elements");
     out = output->data();
   }
   nb::gil_scoped_release nogil;
-  return rt.Enqueue(process_set, std::move(req), in, out, core_output);
+  return rt.Enqueue(process_set, std::move(req), in, out, core_output, stream);
 }
 
 nb::tuple Take(int64_t h) {
@@ -259,11 +283,21 @@ NB_MODULE(_core, m) {
 #else
     d["mpi"] = false;
 #endif
+#ifdef SDL_HAVE_NCCL
+    d["nccl"] = true;
+#else
     d["nccl"] = false;
+#endif
+#ifdef SDL_HAVE_CUDA
+    d["cuda"] = true;  // compiled in; gpu_runtime_info() tells whether usable here
+#else
     d["cuda"] = false;
+#endif
     d["shm"] = true;
     return d;
   });
+
+  gpu::RegisterPythonBindings(m);  // gpu_runtime_info() and test-only _gpu_* entries
 
   m.def(
       "init",
@@ -330,7 +364,7 @@ NB_MODULE(_core, m) {
   m.def("enqueue", &Enqueue, "op"_a, "name"_a, "input"_a.none(), "output"_a.none(),
         "process_set"_a = 0, "reduce"_a = 1, "prescale"_a = 1.0, "postscale"_a = 1.0,
         "root"_a = 0, "splits"_a = std::vector<int64_t>(), "group"_a = "", "group_size"_a = 0,
-        "core_output"_a = false);
+        "core_output"_a = false, "stream"_a = 0);
   // A writable NumPy array over a DLPack capsule from take(), without a copy
   // (numpy.from_dlpack marks arrays from unversioned capsules read-only).
   m.def(

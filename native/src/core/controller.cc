@@ -1,0 +1,125 @@
+#include "core/controller.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <unordered_set>
+
+#include "core/coordinator.h"
+#include "core/fusion.h"
+
+namespace sdl {
+namespace {
+
+constexpr uint64_t kNeedFull = 1, kShutdownFlag = 2, kCoordPending = 4, kJoinedFlag = 8;
+
+// A cached name still waiting after kCachedWaitS goes through full negotiation,
+// so that the coordinator sees it: stall warnings and mismatch errors come from
+// its table (cache bits alone never show which names the others wait on).
+constexpr double kCachedWaitS = 1.0;
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+bool Controller::Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutdown_requested) {
+  const size_t cap = ps.cache.capacity();
+  const size_t words = 2 + (cap + 63) / 64;
+  std::vector<uint64_t> bits(words, 0);
+  uint64_t flags = 0;
+  const double now = SteadySeconds();
+  for (const std::string& name : ps.pending_order) {
+    Entry& e = ps.pending[name];
+    if (e.sent) continue;
+    int slot = ps.cache.Lookup(e.req);
+    if (slot >= 0 && now - e.since < kCachedWaitS) bits[2 + slot / 64] |= uint64_t{1} << (slot % 64);
+    else flags |= kNeedFull;
+  }
+  if (world && shutdown_requested) flags |= kShutdownFlag;
+  if (ps.my_rank == 0 && !ps.coord.Empty()) flags |= kCoordPending;
+  if (ps.joined) flags |= kJoinedFlag;
+  bits[0] = ~flags;
+  bits[1] = static_cast<uint64_t>(std::max<int64_t>(cfg.fusion_threshold, 0));
+  ps.comm->Allreduce(bits.data(), words, DataType::kUInt64, ReduceOp::kBitAnd);
+  flags = ~bits[0];
+  const int64_t threshold = static_cast<int64_t>(bits[1]);  // identical on every member
+  counters_.cycles++;
+  if (flags & kShutdownFlag) return true;
+
+  // a) tensors every member has ready in the cache run now, in slot order.
+  RunCached(ps, bits, threshold);
+  // b)-e) full negotiation through the coordinator.
+  if (flags & (kNeedFull | kCoordPending | kJoinedFlag)) Negotiate(ps, cfg);
+
+  // Drop finished names from the order (a name may be enqueued again later).
+  std::vector<std::string> order;
+  order.reserve(ps.pending.size());
+  std::unordered_set<std::string> kept;
+  for (std::string& name : ps.pending_order)
+    if (ps.pending.count(name) && kept.insert(name).second) order.push_back(std::move(name));
+  ps.pending_order.swap(order);
+  return false;
+}
+
+void Controller::RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, int64_t threshold) {
+  std::vector<int> slots;
+  for (size_t w = 2; w < bits.size(); ++w)
+    for (uint64_t b = bits[w]; b; b &= b - 1)
+      slots.push_back(static_cast<int>((w - 2) * 64 + __builtin_ctzll(b)));
+  if (slots.empty()) return;
+  std::map<std::string, int> group_hits;
+  for (int s : slots)
+    if (!ps.cache.request(s).group.empty()) group_hits[ps.cache.request(s).group]++;
+  std::vector<Response> ready;
+  for (int s : slots) {
+    const Request& rq = ps.cache.request(s);
+    // A group runs from the cache only when every member of it hit.
+    if (!rq.group.empty() && group_hits[rq.group] < rq.group_size) continue;
+    ready.push_back(ps.cache.response(s));
+    ps.cache.Touch(s);
+  }
+  for (const Response& r : FuseResponses(MergeGroups(std::move(ready)), threshold)) {
+    counters_.cache_hits += static_cast<int64_t>(r.names.size());
+    execute_(ps, r, true);
+  }
+}
+
+void Controller::Negotiate(ProcessSet& ps, const Config& cfg) {
+  counters_.full_negotiations++;
+  std::vector<Request> send;
+  for (const std::string& name : ps.pending_order) {
+    auto it = ps.pending.find(name);
+    if (it == ps.pending.end() || it->second.sent) continue;
+    it->second.sent = true;
+    send.push_back(it->second.req);
+  }
+  std::vector<std::string> all = ps.comm->AllgatherBytes(EncodeRequests(send, ps.joined, false));
+  std::string out;
+  if (ps.my_rank == 0) {
+    for (int q = 0; q < ps.size(); ++q) {
+      bool joined = false, unused = false;
+      std::vector<Request> reqs = DecodeRequests(all[q], &joined, &unused);
+      CoordinatorAdd(ps, q, std::move(reqs), joined);
+    }
+    std::vector<std::string> warnings;
+    std::vector<Response> ready =
+        CoordinatorReady(ps, cfg.fusion_threshold, cfg.stall_warning_s, cfg.timeout_s, &warnings);
+    for (const std::string& w : warnings) log_(0, "warning: " + w);
+    if (cfg.verbose >= 2) {
+      for (const Response& r : ready)
+        log_(2, "process set " + std::to_string(ps.id) + ": run " + OpTypeName(r.op) + " of " +
+                    std::to_string(r.names.size()) + " tensor(s), first '" + r.names[0] + "'" +
+                    (r.error.empty() ? "" : " (error)"));
+    }
+    out = EncodeResponses(ready);
+  }
+  ps.comm->BroadcastBytes(&out, 0);
+  for (const Response& r : DecodeResponses(out)) {
+    counters_.negotiated += static_cast<int64_t>(r.names.size());
+    execute_(ps, r, false);
+  }
+}
+
+}  // namespace sdl

@@ -1,0 +1,61 @@
+// The controller: the negotiation protocol, written once for every transport.
+//
+// Per cycle and per process set, every member runs Controller::Cycle:
+//  a) every member ANDs a bit vector over the set's communicator: one bit per
+//     response-cache slot whose tensor it has ready, plus inverted flags (needs
+//     full negotiation, shutdown, coordinator has pending names, joined) and
+//     the fusion threshold (a tunable knob; ANDed too, so every member fuses
+//     with the same value even while a set_knob call reaches ranks at
+//     different cycles). Slots set on every member run at once from the cache: no
+//     further messages;
+//  b) if any flag asks for it, every member sends the requests it has not sent
+//     yet to the coordinator (member 0) as one allgather of encoded request lists;
+//  c) the coordinator adds them to its table; a name is ready when every member
+//     asked for it (joined members count as ready for allreduce);
+//  d) ready names are validated across members (op, device, dtype, shape,
+//     root, ...) into responses, or error responses naming the ranks and what
+//     differed; grouped allreduces wait for their whole group, and compatible
+//     allreduces are fused up to the fusion threshold (core/coordinator.h);
+//  e) the coordinator broadcasts the response list and every member executes it
+//     in order, so collectives run in the same order everywhere.
+// When the AND shows that some member asked to stop, the cycle reports the stop.
+//
+// Transports provide only the primitives this needs (Comm::Allreduce with
+// kBitAnd, AllgatherBytes, BroadcastBytes); the executor runs the responses.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/message.h"
+#include "core/counters.h"
+#include "core/process_set.h"
+
+namespace sdl {
+
+class Controller {
+ public:
+  // Runs one response on this rank; from_cache: it came from step a).
+  using ExecuteFn = std::function<void(ProcessSet& ps, const Response& r, bool from_cache)>;
+  using LogFn = std::function<void(int level, const std::string& msg)>;
+
+  Controller(Counters& counters, ExecuteFn execute, LogFn log)
+      : counters_(counters), execute_(std::move(execute)), log_(std::move(log)) {}
+
+  // One negotiation cycle of one set on this member (steps a-e). world: the
+  // global set, the only one that carries shutdown. Returns true when the
+  // members agreed to stop (then nothing was executed).
+  bool Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutdown_requested);
+
+ private:
+  void RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, int64_t threshold);
+  void Negotiate(ProcessSet& ps, const Config& cfg);
+
+  Counters& counters_;
+  ExecuteFn execute_;
+  LogFn log_;
+};
+
+}  // namespace sdl

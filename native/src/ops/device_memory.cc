@@ -1,0 +1,79 @@
+#include "ops/device_memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "common/reduce.h"
+
+namespace sdl {
+
+Scaling PreScaling(double prescale) {
+  Scaling s;
+  s.factor = prescale;
+  return s;
+}
+
+Scaling PostScaling(DataType dt, ReduceOp op, double postscale, int size) {
+  Scaling s;
+  s.factor = postscale;
+  if (op == ReduceOp::kAverage) {
+    if (IsFloating(dt)) s.factor /= size;
+    else s.divisor = size;
+  }
+  return s;
+}
+
+void ApplyScaling(void* buf, size_t n, DataType dt, const Scaling& s) {
+  if (s.divisor != 1) {
+    switch (dt) {
+#define SDL_DIV(T)                                                                   \
+  for (size_t i = 0; i < n; ++i) static_cast<T*>(buf)[i] /= static_cast<T>(s.divisor); \
+  break;
+      case DataType::kUInt8: SDL_DIV(uint8_t)
+      case DataType::kInt8: SDL_DIV(int8_t)
+      case DataType::kInt16: SDL_DIV(int16_t)
+      case DataType::kInt32: SDL_DIV(int32_t)
+      case DataType::kInt64: SDL_DIV(int64_t)
+      case DataType::kUInt64: SDL_DIV(uint64_t)
+#undef SDL_DIV
+      default: break;
+    }
+  }
+  Scale(buf, n, dt, s.factor);
+}
+
+Status HostMemory::Alloc(Device, size_t bytes, void** p) {
+  *p = std::malloc(bytes ? bytes : 1);
+  if (!*p)
+    return Status::Fail(ErrorCode::kPeerFailure,
+                        "out of host memory allocating " + std::to_string(bytes) + " bytes");
+  return Status::OK();
+}
+
+void HostMemory::Free(Device, void* p) { std::free(p); }
+
+Status HostMemory::CopyToHost(Device, void* host, const void* src, size_t bytes) {
+  if (bytes && host != src) std::memcpy(host, src, bytes);
+  return Status::OK();
+}
+
+Status HostMemory::CopyFromHost(Device, void* dst, const void* host, size_t bytes) {
+  if (bytes && dst != host) std::memcpy(dst, host, bytes);
+  return Status::OK();
+}
+
+Status HostMemory::BatchedCopy(Device, const CopyEntry* entries, int n, DataType dt,
+                               const Scaling& s) {
+  const size_t es = DataTypeSize(dt);
+  for (int i = 0; i < n; ++i) {
+    const CopyEntry& e = entries[i];
+    if (!e.count) continue;
+    if (!e.src) std::memset(e.dst, 0, e.count * es);
+    else if (e.src != e.dst) std::memcpy(e.dst, e.src, e.count * es);
+    if (!s.identity()) ApplyScaling(e.dst, e.count, dt, s);
+  }
+  return Status::OK();
+}
+
+}  // namespace sdl

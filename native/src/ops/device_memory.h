@@ -1,0 +1,84 @@
+// Memory of one kind of device, as the operations layer sees it: allocation,
+// copies to and from the host, batched pack/unpack with scaling, and the
+// stream hooks that order the core's work after the framework's.
+//
+// HostMemory (below) serves CPU and pinned host tensors. A GPU build adds one
+// implementation for kCUDA (CUDA runtime calls and the batched-copy kernel in
+// src/gpu/); tests use a fake device backed by host memory. Everything here
+// runs on the background thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.h"
+#include "common/types.h"
+
+namespace sdl {
+
+// One copy of a batch: count elements from src to dst, both on the same
+// device. src == nullptr writes zeros (a joined rank's contribution); src ==
+// dst scales in place.
+struct CopyEntry {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  size_t count = 0;
+};
+
+// Applied to each copied element: integer types are first divided by divisor
+// (exactly, toward zero), then every type is multiplied by factor (integers in
+// double, truncated toward zero). Floating types never use divisor: it is
+// folded into factor, so pack/unpack is one multiply per element.
+struct Scaling {
+  double factor = 1.0;
+  int64_t divisor = 1;
+  bool identity() const { return factor == 1.0 && divisor == 1; }
+};
+
+// Scaling before the reduction (prescale).
+Scaling PreScaling(double prescale);
+// Scaling after the reduction: postscale, and for Average the division by the
+// number of ranks (the transports reduce Average as Sum).
+Scaling PostScaling(DataType dt, ReduceOp op, double postscale, int size);
+
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // The device type this memory serves; every call passes the device (ordinal).
+  virtual DeviceType type() const = 0;
+  virtual Status Alloc(Device d, size_t bytes, void** p) = 0;
+  virtual void Free(Device d, void* p) = 0;
+  // Synchronous: return once the bytes are in place (host staging reads them next).
+  virtual Status CopyToHost(Device d, void* host, const void* src, size_t bytes) = 0;
+  virtual Status CopyFromHost(Device d, void* dst, const void* host, size_t bytes) = 0;
+  // Pack/unpack: every copy of the batch (one kernel launch on a GPU), each
+  // element scaled as s says. Ordered after WaitForStream and before any later
+  // collective on d.
+  virtual Status BatchedCopy(Device d, const CopyEntry* entries, int n, DataType dt,
+                             const Scaling& s) = 0;
+  // Per-response stream hooks. stream is the framework's stream the tensor was
+  // produced on (DLPack's stream protocol; 0: the default stream).
+  // WaitForStream: the core's next work on d waits for what is queued on stream
+  // (an event recorded there, not a device-wide sync). SignalStream: work queued
+  // on stream later waits for the core's work on d so far (the outputs).
+  // Host memory has nothing to order.
+  virtual Status WaitForStream(Device d, uintptr_t stream) { return Status::OK(); }
+  virtual Status SignalStream(Device d, uintptr_t stream) { return Status::OK(); }
+};
+
+// CPU memory (and CUDA host memory, which the CPU addresses directly).
+class HostMemory : public DeviceMemory {
+ public:
+  DeviceType type() const override { return DeviceType::kCPU; }
+  Status Alloc(Device d, size_t bytes, void** p) override;
+  void Free(Device d, void* p) override;
+  Status CopyToHost(Device d, void* host, const void* src, size_t bytes) override;
+  Status CopyFromHost(Device d, void* dst, const void* host, size_t bytes) override;
+  Status BatchedCopy(Device d, const CopyEntry* entries, int n, DataType dt,
+                     const Scaling& s) override;
+};
+
+// Scales count elements of buf in place as s says (the host half of BatchedCopy).
+void ApplyScaling(void* buf, size_t count, DataType dt, const Scaling& s);
+
+}  // namespace sdl

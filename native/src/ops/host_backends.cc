@@ -1,0 +1,101 @@
+#include "ops/host_backends.h"
+
+#include <numeric>
+
+#include "core/process_set.h"
+
+namespace sdl {
+
+Status HostTransportBackend::Allreduce(const OpContext& ctx, const void* in, void* out,
+                                       size_t count, DataType dt, ReduceOp op) {
+  if (in == out) ctx.ps.comm->Allreduce(out, count, dt, op);
+  else ctx.ps.comm->AllreduceInto(in, out, count, dt, op);
+  return Status::OK();
+}
+
+Status HostTransportBackend::Allgatherv(const OpContext& ctx, const void* in, void* out,
+                                        const std::vector<size_t>& bytes) {
+  ctx.ps.comm->Allgatherv(in, out, bytes);
+  return Status::OK();
+}
+
+Status HostTransportBackend::Broadcast(const OpContext& ctx, void* buf, size_t bytes, int root) {
+  ctx.ps.comm->Broadcast(buf, bytes, root);
+  return Status::OK();
+}
+
+Status HostTransportBackend::Alltoallv(const OpContext& ctx, const void* in, void* out,
+                                       const std::vector<size_t>& matrix) {
+  ctx.ps.comm->Alltoallv(in, out, matrix);
+  return Status::OK();
+}
+
+Status HostTransportBackend::Reducescatter(const OpContext& ctx, const void* in, void* out,
+                                           const std::vector<size_t>& counts, DataType dt,
+                                           ReduceOp op) {
+  ctx.ps.comm->Reducescatter(in, out, counts, dt, op);
+  return Status::OK();
+}
+
+char* HostStagedBackend::Stage(std::vector<char>& buf, size_t bytes) {
+  if (buf.size() < bytes) buf.resize(bytes);
+  return buf.data();
+}
+
+Status HostStagedBackend::Allreduce(const OpContext& ctx, const void* in, void* out,
+                                    size_t count, DataType dt, ReduceOp op) {
+  const size_t bytes = count * DataTypeSize(dt);
+  char* h = Stage(in_, bytes);
+  SDL_RETURN_IF_ERROR(memory_->CopyToHost(ctx.device, h, in, bytes));
+  SDL_RETURN_IF_ERROR(host_->Allreduce(HostContext(ctx), h, h, count, dt, op));
+  return memory_->CopyFromHost(ctx.device, out, h, bytes);
+}
+
+Status HostStagedBackend::Allgatherv(const OpContext& ctx, const void* in, void* out,
+                                     const std::vector<size_t>& bytes) {
+  const size_t mine = bytes[ctx.ps.my_rank];
+  const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+  char* hin = Stage(in_, mine);
+  char* hout = Stage(out_, total);
+  SDL_RETURN_IF_ERROR(memory_->CopyToHost(ctx.device, hin, in, mine));
+  SDL_RETURN_IF_ERROR(host_->Allgatherv(HostContext(ctx), hin, hout, bytes));
+  return memory_->CopyFromHost(ctx.device, out, hout, total);
+}
+
+Status HostStagedBackend::Broadcast(const OpContext& ctx, void* buf, size_t bytes, int root) {
+  char* h = Stage(in_, bytes);
+  if (ctx.ps.my_rank == root) SDL_RETURN_IF_ERROR(memory_->CopyToHost(ctx.device, h, buf, bytes));
+  SDL_RETURN_IF_ERROR(host_->Broadcast(HostContext(ctx), h, bytes, root));
+  if (ctx.ps.my_rank == root) return Status::OK();
+  return memory_->CopyFromHost(ctx.device, buf, h, bytes);
+}
+
+Status HostStagedBackend::Alltoallv(const OpContext& ctx, const void* in, void* out,
+                                    const std::vector<size_t>& matrix) {
+  const int n = ctx.ps.size(), me = ctx.ps.my_rank;
+  size_t send = 0, recv = 0;
+  for (int q = 0; q < n; ++q) {
+    send += matrix[me * n + q];
+    recv += matrix[q * n + me];
+  }
+  char* hin = Stage(in_, send);
+  char* hout = Stage(out_, recv);
+  SDL_RETURN_IF_ERROR(memory_->CopyToHost(ctx.device, hin, in, send));
+  SDL_RETURN_IF_ERROR(host_->Alltoallv(HostContext(ctx), hin, hout, matrix));
+  return memory_->CopyFromHost(ctx.device, out, hout, recv);
+}
+
+Status HostStagedBackend::Reducescatter(const OpContext& ctx, const void* in, void* out,
+                                        const std::vector<size_t>& counts, DataType dt,
+                                        ReduceOp op) {
+  const size_t es = DataTypeSize(dt);
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0}) * es;
+  const size_t mine = counts[ctx.ps.my_rank] * es;
+  char* hin = Stage(in_, total);
+  char* hout = Stage(out_, mine);
+  SDL_RETURN_IF_ERROR(memory_->CopyToHost(ctx.device, hin, in, total));
+  SDL_RETURN_IF_ERROR(host_->Reducescatter(HostContext(ctx), hin, hout, counts, dt, op));
+  return memory_->CopyFromHost(ctx.device, out, hout, mine);
+}
+
+}  // namespace sdl

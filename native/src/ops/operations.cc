@@ -1,0 +1,339 @@
+#include "ops/operations.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ops/host_backends.h"
+
+namespace sdl {
+namespace {
+
+int64_t Elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+ReduceOp TransportOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
+bool DataOp(OpType op) {
+  return op == OpType::kAllreduce || op == OpType::kAllgather || op == OpType::kBroadcast ||
+         op == OpType::kAlltoall || op == OpType::kReducescatter;
+}
+
+}  // namespace
+
+Operations::Operations() {
+  auto host = std::make_unique<HostTransportBackend>();
+  host_backend_ = host.get();
+  AddBackend(kPriorityHost, std::move(host));
+}
+
+Operations::~Operations() {
+  for (auto& [key, buf] : fusion_) MemoryFor(std::get<0>(key))->Free(std::get<0>(key), buf.data);
+}
+
+void Operations::AddBackend(int priority, std::unique_ptr<OpBackend> backend) {
+  auto at = std::upper_bound(backends_.begin(), backends_.end(), priority,
+                             [](int p, const Registered& r) { return p < r.priority; });
+  backends_.insert(at, Registered{priority, std::move(backend)});
+}
+
+void Operations::AddDeviceMemory(std::unique_ptr<DeviceMemory> memory) {
+  DeviceMemory* m = memory.get();
+  memories_[m->type()] = std::move(memory);
+  AddBackend(kPriorityStaged, std::make_unique<HostStagedBackend>(m, host_backend_));
+}
+
+OpBackend* Operations::Choose(const Response& r, Device d) const {
+  for (const Registered& b : backends_)
+    if (b.backend->Enabled(r, d)) return b.backend.get();
+  return nullptr;
+}
+
+std::vector<std::string> Operations::BackendNames() const {
+  std::vector<std::string> out;
+  for (const Registered& b : backends_) out.push_back(b.backend->name());
+  return out;
+}
+
+void Operations::CheckServable(const Request& req) const {
+  if (!DataOp(req.op)) return;
+  Response probe;
+  probe.op = req.op;
+  probe.dtype = req.dtype;
+  probe.reduce = req.reduce;
+  probe.device = MemoryKind(req.device);
+  probe.names = {req.name};
+  probe.shapes = {req.shape};
+  if (Choose(probe, req.device)) return;
+  std::string names;
+  for (const std::string& n : BackendNames()) names += (names.empty() ? "" : ", ") + n;
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string(OpTypeName(req.op)) + " of '" + req.name + "' is a " +
+                  DeviceName(req.device) + " tensor, but no backend of this spark_dl build can "
+                  "run it (backends: " + names + "; CUDA tensors need a build with CUDA and a "
+                  "usable CUDA runtime, see cuda_built()). Move the tensor to the CPU, or "
+                  "install a GPU build.");
+}
+
+DeviceMemory* Operations::MemoryFor(Device d) const {
+  if (d.host()) return const_cast<HostMemory*>(&host_memory_);
+  auto it = memories_.find(d.type);
+  return it == memories_.end() ? nullptr : it->second.get();
+}
+
+// A joined rank runs allreduces it never enqueued: it has no entry to take the
+// device from, and must pick the same backend as its peers, so it uses the
+// response's memory kind and the ordinal of the last tensor of that kind it saw.
+Device Operations::DeviceFor(const Response& r, const std::vector<Entry*>& entries) {
+  for (Entry* e : entries) {
+    if (!e) continue;
+    if (!e->req.device.host()) last_ordinal_[e->req.device.type] = e->req.device.index;
+    return e->req.device;
+  }
+  if (r.device == DeviceType::kCPU) return Device{};
+  auto it = last_ordinal_.find(r.device);
+  return Device{r.device, it == last_ordinal_.end() ? 0 : it->second};
+}
+
+Status Operations::Select(const Response& r, Device d, OpBackend** backend,
+                          DeviceMemory** memory) const {
+  *backend = Choose(r, d);
+  *memory = MemoryFor(d);
+  if (*backend && *memory) return Status::OK();
+  return Status::Fail(ErrorCode::kInvalidArgument,
+                      std::string(OpTypeName(r.op)) + " of '" + r.names[0] + "': no backend for " +
+                          DeviceName(d) + " tensors on this rank");
+}
+
+Status Operations::Fusion(Device d, DataType dt, int32_t ps_id, size_t bytes, void** p) {
+  FusionBuffer& buf = fusion_[FusionKey{d, dt, ps_id}];
+  if (buf.capacity < bytes) {
+    DeviceMemory* m = MemoryFor(d);
+    if (buf.data) m->Free(d, buf.data);
+    buf = FusionBuffer();
+    SDL_RETURN_IF_ERROR(m->Alloc(d, bytes, &buf.data));
+    buf.capacity = bytes;
+  }
+  *p = buf.data;
+  return Status::OK();
+}
+
+void Operations::ReleaseSet(int32_t ps_id) {
+  for (auto it = fusion_.begin(); it != fusion_.end();) {
+    if (std::get<2>(it->first) == ps_id) {
+      Device d = std::get<0>(it->first);
+      MemoryFor(d)->Free(d, it->second.data);
+      it = fusion_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::vector<std::tuple<Device, DataType, int32_t>> Operations::FusionKeys() const {
+  std::vector<FusionKey> keys;
+  for (auto& [k, v] : fusion_) keys.push_back(k);
+  return keys;
+}
+
+Status Operations::AllocateOutput(Device d, DataType dt, std::vector<int64_t> shape,
+                                  std::shared_ptr<Buffer>* out) {
+  const size_t bytes = static_cast<size_t>(Elements(shape)) * DataTypeSize(dt);
+  if (d.host()) {
+    *out = std::make_shared<Buffer>(bytes);
+  } else {
+    DeviceMemory* m = MemoryFor(d);
+    void* p = nullptr;
+    SDL_RETURN_IF_ERROR(m->Alloc(d, bytes, &p));
+    // The caller's tensor may outlive the runtime; device memories are process-wide.
+    *out = std::make_shared<Buffer>(d, static_cast<char*>(p), bytes,
+                                    [m, d](char* q) { m->Free(d, q); });
+  }
+  (*out)->dtype = dt;
+  (*out)->shape = std::move(shape);
+  return Status::OK();
+}
+
+Status Operations::WaitInputs(DeviceMemory* m, Device d, const std::vector<Entry*>& entries) {
+  if (d.host()) return Status::OK();
+  std::vector<uintptr_t> done;
+  for (Entry* e : entries) {
+    if (!e || std::find(done.begin(), done.end(), e->stream) != done.end()) continue;
+    done.push_back(e->stream);
+    SDL_RETURN_IF_ERROR(m->WaitForStream(d, e->stream));
+  }
+  return Status::OK();
+}
+
+Status Operations::SignalOutputs(DeviceMemory* m, Device d, const std::vector<Entry*>& entries) {
+  if (d.host()) return Status::OK();
+  std::vector<uintptr_t> done;
+  for (Entry* e : entries) {
+    if (!e || std::find(done.begin(), done.end(), e->stream) != done.end()) continue;
+    done.push_back(e->stream);
+    SDL_RETURN_IF_ERROR(m->SignalStream(d, e->stream));
+  }
+  return Status::OK();
+}
+
+Status Operations::Allreduce(ProcessSet& ps, const Response& r, const std::vector<Entry*>& entries) {
+  const Device d = DeviceFor(r, entries);
+  OpBackend* b = nullptr;
+  DeviceMemory* m = nullptr;
+  SDL_RETURN_IF_ERROR(Select(r, d, &b, &m));
+  const OpContext ctx{ps, r, d};
+  const size_t es = DataTypeSize(r.dtype);
+  const Scaling post = PostScaling(r.dtype, r.reduce, r.postscale, ps.size());
+  SDL_RETURN_IF_ERROR(WaitInputs(m, d, entries));
+  if (entries.size() == 1 && entries[0]) {
+    Entry& e = *entries[0];
+    const size_t n = static_cast<size_t>(Elements(r.shapes[0]));
+    if (r.prescale == 1.0) {
+      // Out of place the backend reads the input itself: no copy first.
+      SDL_RETURN_IF_ERROR(b->Allreduce(ctx, e.in, e.out, n, r.dtype, TransportOp(r.reduce)));
+    } else {
+      CopyEntry c{e.in, e.out, n};
+      SDL_RETURN_IF_ERROR(m->BatchedCopy(d, &c, 1, r.dtype, PreScaling(r.prescale)));
+      SDL_RETURN_IF_ERROR(b->Allreduce(ctx, e.out, e.out, n, r.dtype, TransportOp(r.reduce)));
+    }
+    if (!post.identity() && n) {
+      CopyEntry c{e.out, e.out, n};
+      SDL_RETURN_IF_ERROR(m->BatchedCopy(d, &c, 1, r.dtype, post));
+    }
+    return SignalOutputs(m, d, entries);
+  }
+  // Fused (or this rank joined and contributes zeros): pack, reduce once, unpack.
+  std::vector<CopyEntry> pack, unpack;
+  size_t total = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const size_t n = static_cast<size_t>(Elements(r.shapes[i]));
+    pack.push_back(CopyEntry{entries[i] ? entries[i]->in : nullptr, nullptr, n});
+    if (entries[i]) unpack.push_back(CopyEntry{nullptr, entries[i]->out, n});
+    total += n;
+  }
+  void* fused = nullptr;
+  SDL_RETURN_IF_ERROR(Fusion(d, r.dtype, ps.id, total * es, &fused));
+  char* buf = static_cast<char*>(fused);
+  size_t offset = 0, u = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    pack[i].dst = buf + offset * es;
+    if (entries[i]) unpack[u++].src = buf + offset * es;
+    offset += pack[i].count;
+  }
+  SDL_RETURN_IF_ERROR(m->BatchedCopy(d, pack.data(), static_cast<int>(pack.size()), r.dtype,
+                                     PreScaling(r.prescale)));
+  SDL_RETURN_IF_ERROR(b->Allreduce(ctx, buf, buf, total, r.dtype, TransportOp(r.reduce)));
+  SDL_RETURN_IF_ERROR(m->BatchedCopy(d, unpack.data(), static_cast<int>(unpack.size()), r.dtype,
+                                     post));
+  return SignalOutputs(m, d, entries);
+}
+
+Status Operations::Allgather(ProcessSet& ps, const Response& r, Entry& e, Result* res) {
+  const Device d = e.req.device;
+  OpBackend* b = nullptr;
+  DeviceMemory* m = nullptr;
+  SDL_RETURN_IF_ERROR(Select(r, d, &b, &m));
+  const size_t row = static_cast<size_t>(RowElements(e.req.shape)) * DataTypeSize(r.dtype);
+  std::vector<size_t> bytes;
+  int64_t rows = 0;
+  for (int64_t n : r.first_dims) {
+    bytes.push_back(static_cast<size_t>(n) * row);
+    rows += n;
+  }
+  std::vector<int64_t> shape = e.req.shape;
+  shape[0] = rows;
+  std::shared_ptr<Buffer> out;
+  SDL_RETURN_IF_ERROR(AllocateOutput(d, r.dtype, shape, &out));
+  SDL_RETURN_IF_ERROR(WaitInputs(m, d, {&e}));
+  SDL_RETURN_IF_ERROR(b->Allgatherv(OpContext{ps, r, d}, e.in, out->data.get(), bytes));
+  res->outputs.push_back(std::move(out));
+  return SignalOutputs(m, d, {&e});
+}
+
+Status Operations::Broadcast(ProcessSet& ps, const Response& r, Entry& e) {
+  const Device d = e.req.device;
+  OpBackend* b = nullptr;
+  DeviceMemory* m = nullptr;
+  SDL_RETURN_IF_ERROR(Select(r, d, &b, &m));
+  const size_t n = static_cast<size_t>(Elements(e.req.shape));
+  SDL_RETURN_IF_ERROR(WaitInputs(m, d, {&e}));
+  if (e.out != e.in && ps.my_rank == r.root && n) {
+    CopyEntry c{e.in, e.out, n};
+    SDL_RETURN_IF_ERROR(m->BatchedCopy(d, &c, 1, r.dtype, Scaling()));
+  }
+  SDL_RETURN_IF_ERROR(b->Broadcast(OpContext{ps, r, d}, e.out, n * DataTypeSize(r.dtype), r.root));
+  return SignalOutputs(m, d, {&e});
+}
+
+Status Operations::Alltoall(ProcessSet& ps, const Response& r, Entry& e, Result* res) {
+  const Device d = e.req.device;
+  OpBackend* b = nullptr;
+  DeviceMemory* m = nullptr;
+  SDL_RETURN_IF_ERROR(Select(r, d, &b, &m));
+  const int n = ps.size();
+  const size_t row = static_cast<size_t>(RowElements(e.req.shape)) * DataTypeSize(r.dtype);
+  std::vector<size_t> matrix(r.split_matrix.size());
+  for (size_t i = 0; i < matrix.size(); ++i) matrix[i] = static_cast<size_t>(r.split_matrix[i]) * row;
+  int64_t rows = 0;
+  for (int q = 0; q < n; ++q) {
+    int64_t got = r.split_matrix[q * n + ps.my_rank];
+    res->ints.push_back(got);
+    rows += got;
+  }
+  std::vector<int64_t> shape = e.req.shape;
+  shape[0] = rows;
+  std::shared_ptr<Buffer> out;
+  SDL_RETURN_IF_ERROR(AllocateOutput(d, r.dtype, shape, &out));
+  SDL_RETURN_IF_ERROR(WaitInputs(m, d, {&e}));
+  SDL_RETURN_IF_ERROR(b->Alltoallv(OpContext{ps, r, d}, e.in, out->data.get(), matrix));
+  res->outputs.push_back(std::move(out));
+  return SignalOutputs(m, d, {&e});
+}
+
+Status Operations::Reducescatter(ProcessSet& ps, const Response& r, Entry& e, Result* res) {
+  const Device d = e.req.device;
+  OpBackend* b = nullptr;
+  DeviceMemory* m = nullptr;
+  SDL_RETURN_IF_ERROR(Select(r, d, &b, &m));
+  const int n = ps.size();
+  const int64_t dim0 = e.req.shape[0];
+  const int64_t row = RowElements(e.req.shape);
+  std::vector<size_t> counts;
+  for (int q = 0; q < n; ++q)
+    counts.push_back(static_cast<size_t>((dim0 / n + (q < dim0 % n ? 1 : 0)) * row));
+  std::vector<int64_t> shape = e.req.shape;
+  shape[0] = dim0 / n + (ps.my_rank < dim0 % n ? 1 : 0);
+  std::shared_ptr<Buffer> out;
+  SDL_RETURN_IF_ERROR(AllocateOutput(d, r.dtype, shape, &out));
+  SDL_RETURN_IF_ERROR(WaitInputs(m, d, {&e}));
+  const void* in = e.in;
+  if (r.prescale != 1.0) {
+    // The caller's input stays unchanged: scale a copy in the set's fusion buffer
+    // (free here: one response runs at a time).
+    const size_t total = static_cast<size_t>(dim0 * row);
+    void* scaled = nullptr;
+    SDL_RETURN_IF_ERROR(Fusion(d, r.dtype, ps.id, total * DataTypeSize(r.dtype), &scaled));
+    CopyEntry c{e.in, scaled, total};
+    SDL_RETURN_IF_ERROR(m->BatchedCopy(d, &c, 1, r.dtype, PreScaling(r.prescale)));
+    in = scaled;
+  }
+  SDL_RETURN_IF_ERROR(b->Reducescatter(OpContext{ps, r, d}, in, out->data.get(), counts, r.dtype,
+                                       TransportOp(r.reduce)));
+  const Scaling post = PostScaling(r.dtype, r.reduce, r.postscale, n);
+  if (!post.identity() && counts[ps.my_rank]) {
+    CopyEntry c{out->data.get(), out->data.get(), counts[ps.my_rank]};
+    SDL_RETURN_IF_ERROR(m->BatchedCopy(d, &c, 1, r.dtype, post));
+  }
+  res->outputs.push_back(std::move(out));
+  return SignalOutputs(m, d, {&e});
+}
+
+}  // namespace sdl
