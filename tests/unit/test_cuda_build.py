@@ -59,6 +59,30 @@ def test_build_info_tells_what_was_compiled():
         assert _core.gpu_runtime_info()["nccl_reason"]  # why it was left out
 
 
+def test_nvcc_machines_build_nccl_too():
+    """scripts/setup.sh installs the pinned nvidia-nccl-cu13 wheel where nvcc is present,
+    before the editable build, so a CI machine (nvcc, no GPU) compiles the NCCL code."""
+    if not _nvcc():
+        pytest.skip("no nvcc here: the default build is CPU-only")
+    assert _wheel_nccl_header(), (
+        "nvcc is present but no nvidia-nccl-cu* wheel is in site-packages: run scripts/setup.sh "
+        "(it installs nvidia-nccl-cu13 when nvcc is found)")
+    info = _core.build_info()
+    assert info["cuda"] is True and info["nccl"] is True, info
+
+
+def test_setup_installs_the_pinned_nccl_wheel_before_the_build():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "scripts", "setup.sh")) as f:
+        script = f.read()
+    with open(os.path.join(root, "constraints.txt")) as f:
+        pins = [ln.strip() for ln in f if ln.strip().startswith("nvidia-nccl-cu13==")]
+    assert pins, "constraints.txt pins nvidia-nccl-cu13"
+    wheel = script.index("--no-deps -c constraints.txt nvidia-nccl-cu13")
+    assert wheel < script.index('-e ".[')  # before the editable build that looks for nccl.h
+    assert "command -v nvcc" in script[:wheel]
+
+
 def test_extension_links_neither_cudart_nor_nccl():
     readelf = shutil.which("readelf")
     if not readelf:
