@@ -201,14 +201,16 @@ __asm__(\".section sdl_kernels_fatbin,\\\"a\\\"\\n\"
     "${src}/gpu/cuda_api.cc"
     "${src}/gpu/cuda_util.cc"
     "${src}/gpu/kernels.cc"
-    "${gen}/kernels_fatbin.cc")
+    "${gen}/kernels_fatbin.cc"
+    "${src}/ops/cuda_memory.cc")
   target_compile_definitions(${target} PRIVATE SDL_HAVE_CUDA=1)
   # Headers only: the types and declarations; no CUDA library is linked.
   target_include_directories(${target} PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
   target_link_libraries(${target} PRIVATE ${CMAKE_DL_LIBS})
 
   if(SDL_NCCL_BUILT)
-    target_sources(${target} PRIVATE "${src}/gpu/nccl_api.cc" "${src}/gpu/nccl_comm.cc")
+    target_sources(${target} PRIVATE "${src}/gpu/nccl_api.cc" "${src}/gpu/nccl_comm.cc"
+                                     "${src}/ops/nccl_backend.cc")
     target_compile_definitions(${target} PRIVATE SDL_HAVE_NCCL=1)
     target_include_directories(${target} PRIVATE "${SDL_NCCL_INCLUDE_DIR}")
   endif()

@@ -19,6 +19,7 @@
 #include "comm/mpi_comm.h"
 #endif
 #include "comm/shm_comm.h"
+#include "ops/gpu_backends.h"
 #include "common/reduce.h"
 
 namespace sdl {
@@ -62,6 +63,9 @@ Runtime::Runtime(RuntimeOptions opts)
           counters_,
           [this](ProcessSet& ps, const Response& r, bool from_cache) { Execute(ps, r, from_cache); },
           [this](int level, const std::string& msg) { Log(level, msg); }) {
+  // CUDA memory and NCCL in a GPU build (before the background thread starts);
+  // creating an NCCL communicator waits for every member, as starting does.
+  AddGpuBackends(ops_, config_.start_timeout_s);
   if (opts_.use_mpi) {
     InitMpi();
   } else {

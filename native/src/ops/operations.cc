@@ -127,6 +127,7 @@ Status Operations::Fusion(Device d, DataType dt, int32_t ps_id, size_t bytes, vo
 }
 
 void Operations::ReleaseSet(int32_t ps_id) {
+  for (Registered& b : backends_) b.backend->ReleaseSet(ps_id);
   for (auto it = fusion_.begin(); it != fusion_.end();) {
     if (std::get<2>(it->first) == ps_id) {
       Device d = std::get<0>(it->first);
