@@ -24,10 +24,11 @@ from typing import Optional, Tuple
 import torch
 
 from spark_dl import _core
+from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 
 __all__ = ["core_cuda_support", "device_error", "check_device", "dlpack_stream",
-           "export_cuda"]
+           "export_cuda", "stream_of"]
 
 # The core's run-time answer to "can you take CUDA tensors now" (CUDA and NCCL loaded, a
 # device present). The native side names it; until it exists, build_info()["cuda"] alone
@@ -95,3 +96,15 @@ def export_cuda(tensor: torch.Tensor):
     """
     stream = dlpack_stream(tensor.device)
     return tensor.__dlpack__(stream=stream), stream
+
+
+def stream_of(tensor) -> int:
+    """The stream number the core orders a tensor's reads after: the current stream of a
+    CUDA tensor's device (the tensor itself crosses through ``__dlpack__()`` without a
+    stream, so PyTorch adds no synchronization), 0 for anything else."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+        return dlpack_stream(tensor.device)
+    return 0
+
+
+_ops.set_stream_provider(stream_of)

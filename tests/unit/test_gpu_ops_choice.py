@@ -74,3 +74,35 @@ def test_cuda_usable_is_a_bool_and_false_without_a_gpu():
     if not _core.build_info()["cuda"]:
         assert usable is False
     assert usable == _core.gpu_runtime_info()["cuda_usable"]
+
+
+# ----------------------------------------------------------------------------- the stream
+
+def test_torch_registers_its_stream_lookup():
+    torch = pytest.importorskip("torch")
+    from spark_dl.common import ops
+    from spark_dl.torch import _device
+
+    assert ops._stream_of is _device.stream_of
+    assert _device.stream_of(torch.ones(2)) == 0  # host tensors have no stream
+    assert _device.stream_of(None) == 0
+
+
+def test_submit_passes_the_framework_stream_to_the_core(monkeypatch):
+    from spark_dl.common import ops
+
+    calls = []
+
+    class FakeCore:
+        CoreError = _core.CoreError
+
+        def enqueue(self, *args):
+            calls.append(args)
+            return 1
+
+    monkeypatch.setattr(ops, "_core", FakeCore())
+    monkeypatch.setattr(ops, "_stream_of", lambda t: 77 if t == "device tensor" else 0)
+    ops.submit("allreduce", "a", "device tensor", None)
+    ops.submit("allreduce", "b", "host tensor", None)
+    ops.submit("allreduce", "c", None, "device tensor")  # no input: the output's stream
+    assert [c[-1] for c in calls] == [77, 0, 77]

@@ -360,11 +360,10 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "': only an allreduce without an output tensor can ask the core for its output");
   std::shared_ptr<Buffer> output;
-  if (core_output && !req.device.host())
-    throw Error(ErrorCode::kInvalidArgument,
-                "allreduce of '" + req.name + "': the core allocates outputs for host tensors "
-                "only; pass an output tensor on " + DeviceName(req.device));
-  if (core_output) {
+  // A device tensor's output is allocated by the operations layer on the
+  // background thread (device memory is its to manage); out stays null until then.
+  const bool device_output = core_output && !req.device.host();
+  if (core_output && !device_output) {
     // Allocated here, outside the collective: a pool miss maps and pre-faults
     // fresh memory on the caller's thread, not while peers wait.
     output = std::make_shared<Buffer>(static_cast<size_t>(req.NumElements()) * DataTypeSize(req.dtype));
@@ -373,7 +372,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
     out = output->data.get();
   }
   if ((req.op == OpType::kAllreduce || req.op == OpType::kBroadcast) && out == nullptr &&
-      req.NumElements() > 0)
+      !device_output && req.NumElements() > 0)
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "' needs an output tensor (pass the input again to work in place)");

@@ -193,6 +193,14 @@ Status Operations::Allreduce(ProcessSet& ps, const Response& r, const std::vecto
   const OpContext ctx{ps, r, d};
   const size_t es = DataTypeSize(r.dtype);
   const Scaling post = PostScaling(r.dtype, r.reduce, r.postscale, ps.size());
+  // Device tensors that asked the core for their output (core_output): allocate
+  // it here, on the device; the executor hands e->output back on success.
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry* e = entries[i];
+    if (!e || e->out || d.host()) continue;
+    SDL_RETURN_IF_ERROR(AllocateOutput(d, r.dtype, r.shapes[i], &e->output));
+    e->out = e->output->data.get();
+  }
   SDL_RETURN_IF_ERROR(WaitInputs(m, d, entries));
   if (entries.size() == 1 && entries[0]) {
     Entry& e = *entries[0];
