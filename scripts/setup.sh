@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a machine for spark_dl from nothing: Debian packages (Gloo, Open MPI,
-# a JRE for Spark, the C++ toolchain), a virtualenv in .venv, the Python
-# dependencies with torch pinned to its CPU build (constraints.txt), and the
-# native extension (an editable install: scikit-build-core runs CMake).
+# a JRE for Spark, the C++ toolchain, googletest for the core's C++ tests), a
+# virtualenv in .venv, the Python dependencies with torch pinned to its CPU build
+# (constraints.txt), and the native extension (an editable install: scikit-build-core runs CMake).
 # Safe to run again: it installs only what is missing and rebuilds incrementally. When
 # nothing it installs from has changed since its last success (this script, pyproject.toml,
 # setup.cfg, constraints.txt, every file under native/: a hash kept in .venv) and the
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 CHECK=0
 [ "${1:-}" = "--check" ] && CHECK=1
 
-APT_PACKAGES=(build-essential cmake pkg-config libgloo-dev libopenmpi-dev openmpi-bin
+APT_PACKAGES=(build-essential cmake pkg-config libgloo-dev libopenmpi-dev openmpi-bin libgtest-dev
               openjdk-17-jre-headless procps)
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -c "import ensurepip" >/dev/null 2>&1 || APT_PACKAGES+=(python3-venv)

@@ -163,7 +163,7 @@ function(sdl_add_gpu_sources target)
 #define SDL_NCCL_BUILD_NOTE ${nccl_note}
 #define SDL_CUDA_ARCH_STRING ${arch_string}
 ")
-  target_sources(${target} PRIVATE "${src}/gpu/python_bindings.cc")
+  # gpu/python_bindings.cc (nanobind) is the module's: CMakeLists.txt adds it there.
   if(NOT SDL_CUDA_BUILT)
     return()
   endif()
@@ -203,15 +203,15 @@ __asm__(\".section sdl_kernels_fatbin,\\\"a\\\"\\n\"
     "${src}/gpu/kernels.cc"
     "${gen}/kernels_fatbin.cc"
     "${src}/ops/cuda_memory.cc")
-  target_compile_definitions(${target} PRIVATE SDL_HAVE_CUDA=1)
+  target_compile_definitions(${target} PUBLIC SDL_HAVE_CUDA=1)
   # Headers only: the types and declarations; no CUDA library is linked.
-  target_include_directories(${target} PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
-  target_link_libraries(${target} PRIVATE ${CMAKE_DL_LIBS})
+  target_include_directories(${target} PUBLIC ${CUDAToolkit_INCLUDE_DIRS})
+  target_link_libraries(${target} PUBLIC ${CMAKE_DL_LIBS})
 
   if(SDL_NCCL_BUILT)
     target_sources(${target} PRIVATE "${src}/gpu/nccl_api.cc" "${src}/gpu/nccl_comm.cc"
                                      "${src}/ops/nccl_backend.cc")
-    target_compile_definitions(${target} PRIVATE SDL_HAVE_NCCL=1)
-    target_include_directories(${target} PRIVATE "${SDL_NCCL_INCLUDE_DIR}")
+    target_compile_definitions(${target} PUBLIC SDL_HAVE_NCCL=1)
+    target_include_directories(${target} PUBLIC "${SDL_NCCL_INCLUDE_DIR}")
   endif()
 endfunction()

@@ -46,7 +46,15 @@ bool Controller::Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutd
   flags = ~bits[0];
   const int64_t threshold = static_cast<int64_t>(bits[1]);  // identical on every member
   counters_.cycles++;
-  if (flags & kShutdownFlag) return true;
+  if (flags & kShutdownFlag) {
+    // Only now, once: who asked to stop, so that errors on the others can name them.
+    std::vector<std::string> asked =
+        ps.comm->AllgatherBytes(std::string(1, shutdown_requested ? '1' : '0'));
+    stopping_ranks_.clear();
+    for (int q = 0; q < ps.size(); ++q)
+      if (asked[q] == "1") stopping_ranks_.push_back(ps.ranks[q]);
+    return true;
+  }
 
   // a) tensors every member has ready in the cache run now, in slot order.
   RunCached(ps, bits, threshold);

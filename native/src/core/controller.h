@@ -18,7 +18,9 @@
 //     allreduces are fused up to the fusion threshold (core/coordinator.h);
 //  e) the coordinator broadcasts the response list and every member executes it
 //     in order, so collectives run in the same order everywhere.
-// When the AND shows that some member asked to stop, the cycle reports the stop.
+// When the AND shows that some member asked to stop, the members exchange who
+// did (one allgather, only then) and the cycle reports the stop; the controller
+// keeps those ranks so that errors on the other ranks can name them.
 //
 // Transports provide only the primitives this needs (Comm::Allreduce with
 // kBitAnd, AllgatherBytes, BroadcastBytes); the executor runs the responses.
@@ -49,6 +51,9 @@ class Controller {
   // members agreed to stop (then nothing was executed).
   bool Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutdown_requested);
 
+  // Global ranks that asked to stop in the cycle that stopped (empty before).
+  const std::vector<int32_t>& stopping_ranks() const { return stopping_ranks_; }
+
  private:
   void RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, int64_t threshold);
   void Negotiate(ProcessSet& ps, const Config& cfg);
@@ -56,6 +61,7 @@ class Controller {
   Counters& counters_;
   ExecuteFn execute_;
   LogFn log_;
+  std::vector<int32_t> stopping_ranks_;
 };
 
 }  // namespace sdl

@@ -302,17 +302,41 @@ std::shared_ptr<ProcessSet> Runtime::FindSet(int32_t id) {
   return it->second;
 }
 
-void Runtime::CheckUsable() {
+namespace {
+
+constexpr const char* kShutDown = "spark_dl has been shut down";
+
+std::string RankList(const std::vector<int32_t>& ranks) {
+  if (ranks.size() == 1) return "rank " + std::to_string(ranks[0]);
+  return "ranks " + ShapeString({ranks.begin(), ranks.end()});
+}
+
+}  // namespace
+
+std::string Runtime::StopMessageLocked(OpType op, const std::string& name) const {
+  if (failed_.load()) return stop_message_;
+  if (stopped_by_peers_.empty()) return kShutDown;
+  // A peer shut down while this rank still calls collectives: the ranks' calls
+  // did not match (a script that ran fewer steps, or an early exit).
+  std::string what = name.empty() ? std::string("spark_dl")
+                                  : std::string(OpTypeName(op)) + " '" + name + "'";
+  return what + " on rank " + std::to_string(opts_.topo.rank) + " cannot run: " +
+         RankList(stopped_by_peers_) +
+         " had already shut down; every rank must make the same collective calls in the "
+         "same order";
+}
+
+void Runtime::CheckUsable(const Request* req) {
   if (stopped_.load() || shutdown_requested_.load()) {
     std::lock_guard<std::mutex> lk(status_mu_);
     throw Error(failed_.load() ? stop_code_ : ErrorCode::kShutdown,
-                stop_message_.empty() ? "spark_dl has been shut down" : stop_message_);
+                req ? StopMessageLocked(req->op, req->name) : StopMessageLocked(OpType::kBarrier, ""));
   }
 }
 
 int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                          bool core_output, uintptr_t stream) {
-  CheckUsable();
+  CheckUsable(&req);
   std::shared_ptr<ProcessSet> ps = FindSet(ps_id);
   if (!ps->member())
     throw Error(ErrorCode::kInvalidArgument, "rank " + std::to_string(opts_.topo.rank) +
@@ -377,6 +401,8 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "' needs an output tensor (pass the input again to work in place)");
   int64_t h;
+  const OpType op = req.op;
+  const std::string name = req.name;
   {
     std::lock_guard<std::mutex> lk(ps->mu);
     if (ps->inflight.count(req.name))
@@ -402,7 +428,7 @@ int64_t Runtime::Enqueue(int32_t ps_id, Request req, const void* in, void* out,
   // A failure or shutdown may have raced with the enqueue: do not strand it.
   if (stopped_.load()) {
     std::lock_guard<std::mutex> lk(status_mu_);
-    handles_.FailAll(stop_code_, stop_message_.empty() ? "spark_dl has been shut down" : stop_message_);
+    handles_.FailAll(stop_code_, StopMessageLocked(op, name));
   }
   return h;
 }
@@ -527,7 +553,12 @@ void Runtime::Loop() {
         controller_.Cycle(*ps, config(), false, false);
       }
     }
-    message = "spark_dl has been shut down";
+    message = kShutDown;
+    const std::vector<int32_t>& asked = controller_.stopping_ranks();
+    if (std::find(asked.begin(), asked.end(), opts_.topo.rank) == asked.end()) {
+      std::lock_guard<std::mutex> lk(status_mu_);
+      stopped_by_peers_ = asked;
+    }
   } catch (const Error& e) {
     code = e.code == ErrorCode::kOk ? ErrorCode::kPeerFailure : e.code;
     message = e.what();
@@ -553,6 +584,33 @@ void Runtime::Loop() {
   // Closing the communicators makes peers blocked on us fail at once instead
   // of waiting for their timeout.
   for (auto& ps : sets) ps->comm.reset();
+  // Pending and newly enqueued operations fail naming themselves (and, when
+  // peers shut down first, those peers); anything left (join) gets the plain message.
+  for (auto& ps : sets) {
+    std::vector<std::pair<std::string, OpType>> names;
+    for (auto& [name, e] : ps->pending) names.emplace_back(name, e.req.op);
+    for (auto& [name, op] : names) {
+      Result res;
+      res.code = code;
+      {
+        std::lock_guard<std::mutex> lk(status_mu_);
+        res.message = StopMessageLocked(op, name);
+      }
+      Finish(*ps, name, std::move(res));
+    }
+    std::lock_guard<std::mutex> lk(ps->mu);
+    for (Entry& e : ps->incoming) {
+      Result res;
+      res.code = code;
+      {
+        std::lock_guard<std::mutex> slk(status_mu_);
+        res.message = StopMessageLocked(e.req.op, e.req.name);
+      }
+      handles_.Complete(e.handle, std::move(res));
+    }
+    ps->incoming.clear();
+    ps->inflight.clear();
+  }
   handles_.FailAll(code, message);
 }
 

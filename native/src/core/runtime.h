@@ -104,7 +104,12 @@ class Runtime {
   void InitMpi();   // MPI world, topology, host identities and job token
   void InitStore();  // the same through the rendezvous store
   std::shared_ptr<ProcessSet> FindSet(int32_t id);
-  void CheckUsable();
+  // Throws the stop error when the runtime stopped (or is stopping); req, when
+  // given, is the operation the caller tried, for the message.
+  void CheckUsable(const Request* req = nullptr);
+  // Why an operation cannot run once the runtime stopped (status_mu_ held): the
+  // failure, this rank's own shutdown, or the peers that shut down first.
+  std::string StopMessageLocked(OpType op, const std::string& name) const;
   void Loop();
   // Moves newly enqueued entries of a set to the background thread's side.
   void Intake(ProcessSet& ps);
@@ -146,6 +151,8 @@ class Runtime {
   std::mutex status_mu_;
   ErrorCode stop_code_ = ErrorCode::kShutdown;
   std::string stop_message_;
+  // Set when the ranks agreed to stop because others asked: the ranks that did.
+  std::vector<int32_t> stopped_by_peers_;
   std::thread thread_;
 };
 

@@ -19,7 +19,9 @@
 // Contract on Enabled: every member must give the same answer for one response
 // (the response is identical everywhere; the device's memory kind too), so the
 // answer may depend on the build and on what the host can do only when every
-// host can do the same (a GPU backend checks that at init).
+// host can do the same (a GPU backend checks that at init). Enabled is also
+// called at enqueue on the caller's thread (Operations::CheckServable), so it
+// may read only state fixed before the background thread started.
 //
 // Adding a backend: implement this interface in src/ops/ (or src/gpu/ for
 // CUDA sources) and register it in Runtime's constructor with

@@ -47,7 +47,7 @@ void Operations::AddBackend(int priority, std::unique_ptr<OpBackend> backend) {
 
 void Operations::AddDeviceMemory(std::unique_ptr<DeviceMemory> memory) {
   DeviceMemory* m = memory.get();
-  memories_[m->type()] = std::move(memory);
+  memories_[m->type()] = std::shared_ptr<DeviceMemory>(std::move(memory));
   AddBackend(kPriorityStaged, std::make_unique<HostStagedBackend>(m, host_backend_));
 }
 
@@ -151,10 +151,10 @@ Status Operations::AllocateOutput(Device d, DataType dt, std::vector<int64_t> sh
   if (d.host()) {
     *out = std::make_shared<Buffer>(bytes);
   } else {
-    DeviceMemory* m = MemoryFor(d);
+    std::shared_ptr<DeviceMemory> m = memories_.at(d.type);
     void* p = nullptr;
     SDL_RETURN_IF_ERROR(m->Alloc(d, bytes, &p));
-    // The caller's tensor may outlive the runtime; device memories are process-wide.
+    // The release keeps the device memory alive: the caller's tensor may outlive the runtime.
     *out = std::make_shared<Buffer>(d, static_cast<char*>(p), bytes,
                                     [m, d](char* q) { m->Free(d, q); });
   }

@@ -92,7 +92,9 @@ class Operations {
   std::vector<Registered> backends_;  // sorted by priority
   OpBackend* host_backend_ = nullptr;
   HostMemory host_memory_;
-  std::map<DeviceType, std::unique_ptr<DeviceMemory>> memories_;
+  // Shared: device outputs handed to the caller keep their memory alive (a
+  // tensor may outlive the runtime).
+  std::map<DeviceType, std::shared_ptr<DeviceMemory>> memories_;
   std::map<FusionKey, FusionBuffer> fusion_;
   std::map<DeviceType, int32_t> last_ordinal_;  // per type: the device of the last entry seen
 };

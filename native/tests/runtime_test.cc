@@ -1,0 +1,153 @@
+// Several runtimes as threads of one process, meeting through an in-memory
+// rendezvous store (gloo's HashStore): the whole path from enqueue through
+// negotiation, the operations layer and a real transport to the handles.
+#include <gtest/gtest.h>
+
+#include <gloo/rendezvous/hash_store.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/runtime.h"
+
+namespace sdl {
+namespace {
+
+// Runs body(rank, runtime) on n runtimes, each built and destroyed on its own
+// thread (construction blocks until the peers meet). transport: "shm" (one
+// host) or "gloo" (a host identity per rank forces TCP over loopback).
+void RunRanks(int n, const std::string& transport,
+              const std::function<void(int, Runtime&)>& body) {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      RuntimeOptions o;
+      o.topo = {r, n, r, n, 0, 1};
+      o.hostname = "127.0.0.1";
+      o.store = store;
+      o.config.timeout_s = 20;
+      o.config.start_timeout_s = 20;
+      if (transport == "gloo") o.config.host_id = "host" + std::to_string(r);
+      Runtime rt(std::move(o));
+      EXPECT_EQ(rt.TransportOf(0), transport);
+      body(r, rt);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+Result WaitFor(Runtime& rt, int64_t h) {
+  EXPECT_TRUE(rt.handles().Wait(h, 30)) << "handle did not complete";
+  return rt.handles().Take(h);
+}
+
+Request Req(OpType op, const std::string& name, std::vector<int64_t> shape) {
+  Request r;
+  r.op = op;
+  r.name = name;
+  r.shape = std::move(shape);
+  return r;
+}
+
+class Threads : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Threads, FusedAllreduceAndAllgatherAcrossRuntimes) {
+  const int n = 3;
+  RunRanks(n, GetParam(), [&](int rank, Runtime& rt) {
+    std::vector<std::vector<float>> xs;
+    for (int t = 0; t < 5; ++t) xs.push_back(std::vector<float>(4 + t, float(rank + t)));
+    std::vector<int64_t> hs;
+    for (int t = 0; t < 5; ++t) {
+      Request r = Req(OpType::kAllreduce, "t" + std::to_string(t), {4 + t});
+      r.reduce = ReduceOp::kAverage;
+      hs.push_back(rt.Enqueue(0, r, xs[t].data(), xs[t].data()));
+    }
+    for (int t = 0; t < 5; ++t) {
+      Result res = WaitFor(rt, hs[t]);
+      EXPECT_EQ(res.code, ErrorCode::kOk) << res.message;
+      EXPECT_EQ(xs[t], std::vector<float>(4 + t, 1.0f + t));  // mean of rank + t over 0..2
+    }
+    std::vector<int32_t> mine(rank + 1, rank);
+    Request g = Req(OpType::kAllgather, "g", {rank + 1});
+    g.dtype = DataType::kInt32;
+    Result res = WaitFor(rt, rt.Enqueue(0, g, mine.data(), nullptr));
+    ASSERT_EQ(res.code, ErrorCode::kOk) << res.message;
+    const int32_t* o = reinterpret_cast<const int32_t*>(res.outputs[0]->data.get());
+    EXPECT_EQ(std::vector<int32_t>(o, o + 6), (std::vector<int32_t>{0, 1, 1, 2, 2, 2}));
+  });
+}
+
+TEST_P(Threads, ShapeMismatchFailsOnEveryRankNamingTheRanks) {
+  RunRanks(2, GetParam(), [&](int rank, Runtime& rt) {
+    std::vector<float> x(rank + 2, 1.0f);
+    Result res = WaitFor(rt, rt.Enqueue(0, Req(OpType::kAllreduce, "w", {rank + 2}), x.data(), x.data()));
+    EXPECT_EQ(res.code, ErrorCode::kMismatch);
+    EXPECT_EQ(res.message, "Mismatched allreduce shapes for tensor 'w': rank 0 has [2]; rank 1 has [3]");
+    // The runtime stays usable after a mismatch.
+    std::vector<float> y(2, float(rank));
+    res = WaitFor(rt, rt.Enqueue(0, Req(OpType::kAllreduce, "w", {2}), y.data(), y.data()));
+    EXPECT_EQ(res.code, ErrorCode::kOk) << res.message;
+    EXPECT_EQ(y, std::vector<float>(2, 1.0f));
+  });
+}
+
+TEST_P(Threads, CudaTensorIsRefusedAtEnqueueWithoutABackend) {
+  RunRanks(2, GetParam(), [&](int rank, Runtime& rt) {
+    float x[2] = {0, 0};
+    Request r = Req(OpType::kAllreduce, "gpu", {2});
+    r.device = Device{DeviceType::kCUDA, rank};
+    try {
+      rt.Enqueue(0, r, x, x);
+      ADD_FAILURE() << "a CUDA tensor was accepted by a build without a CUDA backend";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code, ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("cuda:" + std::to_string(rank)), std::string::npos);
+    }
+  });
+}
+
+TEST_P(Threads, CollectiveAfterAPeerShutDownNamesThatPeer) {
+  std::atomic<bool> enqueued{false};
+  RunRanks(2, GetParam(), [&](int rank, Runtime& rt) {
+    float x[2] = {1, 2};
+    if (rank == 0) {
+      while (!enqueued.load()) std::this_thread::yield();
+      rt.Shutdown();  // rank 1 still waits on 'p': the calls did not match
+      try {
+        rt.Enqueue(0, Req(OpType::kAllreduce, "q", {2}), x, x);
+        ADD_FAILURE() << "enqueue after shutdown was accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code, ErrorCode::kShutdown);
+        EXPECT_STREQ(e.what(), "spark_dl has been shut down");  // its own shutdown
+      }
+      return;
+    }
+    int64_t h = rt.Enqueue(0, Req(OpType::kAllreduce, "p", {2}), x, x);
+    enqueued.store(true);
+    Result res = WaitFor(rt, h);
+    EXPECT_EQ(res.code, ErrorCode::kShutdown);
+    EXPECT_EQ(res.message,
+              "allreduce 'p' on rank 1 cannot run: rank 0 had already shut down; every rank must "
+              "make the same collective calls in the same order");
+    try {
+      Request b = Req(OpType::kBroadcast, "after", {2});
+      rt.Enqueue(0, b, x, x);
+      ADD_FAILURE() << "enqueue after the peers shut down was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code, ErrorCode::kShutdown);
+      EXPECT_STREQ(e.what(),
+                   "broadcast 'after' on rank 1 cannot run: rank 0 had already shut down; every "
+                   "rank must make the same collective calls in the same order");
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Threads, ::testing::Values("shm", "gloo"));
+
+}  // namespace
+}  // namespace sdl
