@@ -154,7 +154,8 @@ EOF
 say "tests (log: $OUTDIR/tests.log)"
 # shellcheck disable=SC2086
 "$VPY" -m pytest ${SDL_GPU_CHECK_TESTS:-tests/gpu tests/unit/test_gpu_devices.py \
-    tests/unit/test_gpu_torch.py tests/unit/test_gpu_discovery.py} -v -rs -p no:cacheprovider \
+    tests/unit/test_gpu_torch.py tests/unit/test_gpu_discovery.py \
+    tests/unit/test_gpu_ops_choice.py} -v -rs -p no:cacheprovider \
     --junitxml="$OUTDIR/tests.xml" 2>&1 | tee "$OUTDIR/tests.log"
 rc=${PIPESTATUS[0]}
 RESULT[tests]=$([[ $rc -eq 0 ]] && echo ok || echo "FAILED (pytest exit $rc)")

@@ -69,6 +69,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m pip install -q --upgrade pip
 echo "setup: installing Python dependencies (torch pinned by constraints.txt)"
 .venv/bin/python -m pip install -q -c constraints.txt torch numpy
+# Where nvcc is present (CI's machines, GPU hosts) the default build compiles the CUDA code;
+# NCCL's header comes from the nvidia-nccl-cu13 wheel in site-packages (cmake/cuda.cmake finds
+# it there), so install that first and the NCCL code is compiled too. --no-deps: the wheel's
+# only dependency is the CUDA runtime wheel, which a GPU host's driver stack or torch brings.
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup: nvcc found: installing NCCL's headers and library (nvidia-nccl-cu13)"
+  .venv/bin/python -m pip install -q --no-deps -c constraints.txt nvidia-nccl-cu13
+fi
 echo "setup: building spark_dl (native core) in editable mode"
 .venv/bin/python -m pip install -q -c constraints.txt -e ".[torch,spark,test,mpi,keras,lightning]"
 .venv/bin/python -c "import spark_dl._core as c; print('setup: spark_dl core built:', c.build_info())"

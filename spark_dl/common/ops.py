@@ -173,6 +173,19 @@ def group_name(kind, name, process_set):
     return name or auto_name(kind, _ps_id(process_set))
 
 
+# The framework's stream of a device tensor (DLPack's numbering), set by the framework
+# binding that can pass device tensors (spark_dl.torch for CUDA); None: host tensors only.
+_stream_of = None
+
+
+def set_stream_provider(fn):
+    """``fn(tensor) -> int``: the DLPack stream number the core must order its reads after
+    for ``tensor`` (0 for host tensors). The core records an event there at enqueue and
+    makes that stream wait for the result (no device-wide synchronize)."""
+    global _stream_of
+    _stream_of = fn
+
+
 def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set=None,
            op=Sum, prescale_factor=1.0, postscale_factor=1.0, root=0, splits=(),
            group="", group_size=0, core_output=False):
@@ -196,11 +209,13 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
     if kind == "broadcast":
         root = root_index(root, process_set)
     name = name or auto_name(kind, ps_id)
+    source = tensor if tensor is not None else output
+    stream = _stream_of(source) if _stream_of is not None and source is not None else 0
     try:
         hid = _core.enqueue(OP[kind], name, tensor, output, ps_id, int(op),
                             float(prescale_factor), float(postscale_factor), int(root),
                             [int(s) for s in splits], group, int(group_size),
-                            bool(core_output))
+                            bool(core_output), int(stream))
     except _core.CoreError as e:
         raise_from_core(e)
     return Handle(hid, (tensor, output, keep), finish or (lambda outputs, ints: None), name=name)

@@ -1,13 +1,14 @@
 """Where torch tensors cross into the core, by device: the one place that knows about CUDA.
 
 CPU tensors go to the core as they are (the core reads them through ``__dlpack__``).
-A CUDA tensor crosses as a DLPack capsule taken *on the framework's current stream*:
-``tensor.__dlpack__(stream=s)`` with ``s`` the current stream's handle, so PyTorch adds
-no synchronization of its own, and ``s`` travels with the request: the core records an
-event on ``s`` and its streams wait on that event before reading (no device-wide
-synchronize), and a completed handle's result is ready on the framework's stream. Results
-come back as DLPack capsules on the tensor's device and are wrapped with
-``torch.from_dlpack`` without a copy.
+A CUDA tensor goes the same way, ``__dlpack__()`` without a stream (so PyTorch adds no
+synchronization of its own), and :func:`stream_of` gives the core the number of PyTorch's
+current stream on its device (``spark_dl.common.ops.submit`` asks it for every tensor): the
+core records an event on that stream and its streams wait on that event before reading (no
+device-wide synchronize), and the stream waits for the core's result before its later work.
+Results come back as DLPack capsules on the tensor's device and are wrapped with
+``torch.from_dlpack`` without a copy. :func:`export_cuda` (a capsule taken on the current
+stream) is the form for callers that hand over a capsule instead of the tensor.
 
 Until the core reports that it takes CUDA tensors (:func:`core_cuda_support`), a CUDA
 tensor is refused here with one error naming the tensor, its device and what to do.
@@ -24,10 +25,11 @@ from typing import Optional, Tuple
 import torch
 
 from spark_dl import _core
+from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 
 __all__ = ["core_cuda_support", "device_error", "check_device", "dlpack_stream",
-           "export_cuda"]
+           "export_cuda", "stream_of"]
 
 # The core's run-time answer to "can you take CUDA tensors now" (CUDA and NCCL loaded, a
 # device present). The native side names it; until it exists, build_info()["cuda"] alone
@@ -95,3 +97,15 @@ def export_cuda(tensor: torch.Tensor):
     """
     stream = dlpack_stream(tensor.device)
     return tensor.__dlpack__(stream=stream), stream
+
+
+def stream_of(tensor) -> int:
+    """The stream number the core orders a tensor's reads after: the current stream of a
+    CUDA tensor's device (the tensor itself crosses through ``__dlpack__()`` without a
+    stream, so PyTorch adds no synchronization), 0 for anything else."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+        return dlpack_stream(tensor.device)
+    return 0
+
+
+_ops.set_stream_provider(stream_of)

@@ -19,6 +19,7 @@
 #include "comm/mpi_comm.h"
 #endif
 #include "comm/shm_comm.h"
+#include "ops/gpu_backends.h"
 #include "common/reduce.h"
 
 namespace sdl {
@@ -62,6 +63,9 @@ Runtime::Runtime(RuntimeOptions opts)
           counters_,
           [this](ProcessSet& ps, const Response& r, bool from_cache) { Execute(ps, r, from_cache); },
           [this](int level, const std::string& msg) { Log(level, msg); }) {
+  // CUDA memory and NCCL in a GPU build (before the background thread starts);
+  // creating an NCCL communicator waits for every member, as starting does.
+  AddGpuBackends(ops_, config_.start_timeout_s);
   if (opts_.use_mpi) {
     InitMpi();
   } else {
@@ -388,11 +392,10 @@ void Runtime::CheckSubmission(const ProcessSet& ps, Submission& sub,
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "': only an allreduce without an output tensor can ask the core for its output");
-  if (core_output && !req.device.host())
-    throw Error(ErrorCode::kInvalidArgument,
-                "allreduce of '" + req.name + "': the core allocates outputs for host tensors "
-                "only; pass an output tensor on " + DeviceName(req.device));
-  if (core_output) {
+  // A device tensor's output is allocated by the operations layer on the
+  // background thread (device memory is its to manage); out stays null until then.
+  const bool device_output = core_output && !req.device.host();
+  if (core_output && !device_output) {
     // Allocated here, outside the collective: a pool miss maps and pre-faults
     // fresh memory on the caller's thread, not while peers wait.
     output = std::make_shared<Buffer>(static_cast<size_t>(req.NumElements()) * DataTypeSize(req.dtype));
@@ -401,7 +404,7 @@ void Runtime::CheckSubmission(const ProcessSet& ps, Submission& sub,
     out = output->data.get();
   }
   if ((req.op == OpType::kAllreduce || req.op == OpType::kBroadcast) && out == nullptr &&
-      req.NumElements() > 0)
+      !device_output && req.NumElements() > 0)
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(OpTypeName(req.op)) + " of '" + req.name +
                     "' needs an output tensor (pass the input again to work in place)");

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "common/message.h"
@@ -72,6 +73,9 @@ class OpBackend {
   // out (counts[rank] elements) receives this member's slice of the reduction.
   virtual Status Reducescatter(const OpContext& ctx, const void* in, void* out,
                                const std::vector<size_t>& counts, DataType dt, ReduceOp op) = 0;
+  // A process set was removed: drop what the backend keeps for it (NCCL
+  // communicators). Background thread.
+  virtual void ReleaseSet(int32_t ps_id) {}
 };
 
 }  // namespace sdl

@@ -22,6 +22,10 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
 
 ReduceOp TransportOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
 
+// Fused device entries start at multiples of this (gpu::kFusionAlignment: the
+// kernels' vector width, whole cache sectors); a multiple of every element size.
+constexpr size_t kDeviceFusionAlignment = 64;
+
 bool DataOp(OpType op) {
   return op == OpType::kAllreduce || op == OpType::kAllgather || op == OpType::kBroadcast ||
          op == OpType::kAlltoall || op == OpType::kReducescatter;
@@ -127,6 +131,7 @@ Status Operations::Fusion(Device d, DataType dt, int32_t ps_id, size_t bytes, vo
 }
 
 void Operations::ReleaseSet(int32_t ps_id) {
+  for (Registered& b : backends_) b.backend->ReleaseSet(ps_id);
   for (auto it = fusion_.begin(); it != fusion_.end();) {
     if (std::get<2>(it->first) == ps_id) {
       Device d = std::get<0>(it->first);
@@ -192,6 +197,14 @@ Status Operations::Allreduce(ProcessSet& ps, const Response& r, const std::vecto
   const OpContext ctx{ps, r, d};
   const size_t es = DataTypeSize(r.dtype);
   const Scaling post = PostScaling(r.dtype, r.reduce, r.postscale, ps.size());
+  // Device tensors that asked the core for their output (core_output): allocate
+  // it here, on the device; the executor hands e->output back on success.
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry* e = entries[i];
+    if (!e || e->out || d.host()) continue;
+    SDL_RETURN_IF_ERROR(AllocateOutput(d, r.dtype, r.shapes[i], &e->output));
+    e->out = e->output->data.get();
+  }
   SDL_RETURN_IF_ERROR(WaitInputs(m, d, entries));
   if (entries.size() == 1 && entries[0]) {
     Entry& e = *entries[0];
@@ -211,22 +224,29 @@ Status Operations::Allreduce(ProcessSet& ps, const Response& r, const std::vecto
     return SignalOutputs(m, d, entries);
   }
   // Fused (or this rank joined and contributes zeros): pack, reduce once, unpack.
+  // On a device each entry starts at a kDeviceFusionAlignment boundary, so the
+  // batched-copy kernel uses 16-byte vector accesses; the padding is reduced with
+  // the rest and never read back. Every member computes the same layout (same
+  // shapes, dtype and memory kind). Host tensors stay back to back.
+  const size_t align = d.host() ? es : kDeviceFusionAlignment;
   std::vector<CopyEntry> pack, unpack;
-  size_t total = 0;
+  std::vector<size_t> at;  // byte offset of each entry
+  size_t bytes = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const size_t n = static_cast<size_t>(Elements(r.shapes[i]));
     pack.push_back(CopyEntry{entries[i] ? entries[i]->in : nullptr, nullptr, n});
     if (entries[i]) unpack.push_back(CopyEntry{nullptr, entries[i]->out, n});
-    total += n;
+    at.push_back(bytes);
+    bytes = (bytes + n * es + align - 1) / align * align;
   }
+  const size_t total = bytes / es;
   void* fused = nullptr;
-  SDL_RETURN_IF_ERROR(Fusion(d, r.dtype, ps.id, total * es, &fused));
+  SDL_RETURN_IF_ERROR(Fusion(d, r.dtype, ps.id, bytes, &fused));
   char* buf = static_cast<char*>(fused);
-  size_t offset = 0, u = 0;
+  size_t u = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
-    pack[i].dst = buf + offset * es;
-    if (entries[i]) unpack[u++].src = buf + offset * es;
-    offset += pack[i].count;
+    pack[i].dst = buf + at[i];
+    if (entries[i]) unpack[u++].src = buf + at[i];
   }
   SDL_RETURN_IF_ERROR(m->BatchedCopy(d, pack.data(), static_cast<int>(pack.size()), r.dtype,
                                      PreScaling(r.prescale)));

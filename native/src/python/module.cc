@@ -18,6 +18,14 @@
 
 #include "common/config.h"
 #include "core/runtime.h"
+#include "gpu/python_bindings.h"
+#include "ops/operations.h"
+#ifdef SDL_HAVE_CUDA
+#include "gpu/cuda_api.h"
+#endif
+#ifdef SDL_HAVE_NCCL
+#include "ops/nccl_backend.h"
+#endif
 #ifdef SDL_HAVE_MPI
 #include "comm/mpi_comm.h"
 #endif
@@ -153,6 +161,39 @@ nb::object ToArray(const std::shared_ptr<Buffer>& buf) {
   nb::ndarray<> arr(data, shape.size(), shape.data(), owner, nullptr, ToDLPack(buf->dtype),
                     device_type, buf->device.index);
   return nb::cast(arr);
+}
+
+// Host memory that claims to be CUDA memory: the backend choice only asks a
+// memory for its type, so the choice can be checked without a GPU.
+class FakeCudaMemory : public HostMemory {
+ public:
+  DeviceType type() const override { return DeviceType::kCUDA; }
+};
+
+bool g_fake_nccl_usable = false;
+
+std::string OpsBackendChoiceForTests(int op, int dtype, int reduce, int device_type,
+                                     bool nccl_usable) {
+  Operations ops;
+  ops.AddDeviceMemory(std::make_unique<FakeCudaMemory>());
+#ifdef SDL_HAVE_NCCL
+  g_fake_nccl_usable = nccl_usable;
+  ops.AddBackend(kPriorityDevice, std::make_unique<NcclBackend>(
+                                      nullptr, gpu::NcclOptions(), [] { return g_fake_nccl_usable; }));
+#else
+  (void)nccl_usable;
+  (void)g_fake_nccl_usable;
+#endif
+  Response r;
+  r.op = static_cast<OpType>(op);
+  r.dtype = static_cast<DataType>(dtype);
+  r.reduce = static_cast<ReduceOp>(reduce);
+  const Device d{static_cast<DeviceType>(device_type), 0};
+  r.device = MemoryKind(d);
+  r.names = {"t"};
+  r.shapes = {{4}};
+  OpBackend* b = ops.Choose(r, d);
+  return b ? b->name() : "";
 }
 
 int64_t Enqueue(int op, const std::string& name, std::optional<nb::ndarray<nb::ro>> input,
@@ -378,11 +419,35 @@ NB_MODULE(_core, m) {
 #else
     d["mpi"] = false;
 #endif
+#ifdef SDL_HAVE_NCCL
+    d["nccl"] = true;
+#else
     d["nccl"] = false;
+#endif
+#ifdef SDL_HAVE_CUDA
+    d["cuda"] = true;  // compiled in; gpu_runtime_info() tells whether usable here
+#else
     d["cuda"] = false;
+#endif
     d["shm"] = true;
     return d;
   });
+
+  m.def("cuda_usable", [] {
+#ifdef SDL_HAVE_CUDA
+    return gpu::QueryCuda().usable;  // then the operations layer has CUDA memory registered
+#else
+    return false;
+#endif
+  }, "Whether the core takes CUDA tensors in this process (built with CUDA, a runtime and a "
+     "device present).");
+  m.def("_ops_backend_choice_for_tests", &OpsBackendChoiceForTests, "op"_a, "dtype"_a,
+        "reduce"_a, "device_type"_a, "nccl_usable"_a,
+        "Test only: the backend name the operations layer of this build picks for a one-tensor "
+        "response on a device of type device_type (as DeviceType), with CUDA memory faked by "
+        "host memory and NCCL's usability given (the real NCCL backend class decides).");
+
+  gpu::RegisterPythonBindings(m);  // gpu_runtime_info() and test-only _gpu_* entries
 
   m.def(
       "init",

@@ -1,0 +1,132 @@
+#include "ops/cuda_memory.h"
+
+#include <string>
+#include <vector>
+
+#include "gpu/kernels.h"
+
+namespace sdl {
+namespace {
+
+Status NoCuda() {
+  const gpu::CudaAvailability& a = gpu::QueryCuda();
+  return Status::Fail(ErrorCode::kInvalidArgument,
+                      "a CUDA tensor reached the core, but CUDA is not usable in this process: " +
+                          a.reason);
+}
+
+}  // namespace
+
+Status CudaMemory::Get(Device d, PerDevice** out) {
+  auto it = devices_.find(d.index);
+  if (it == devices_.end()) {
+    if (!gpu::QueryCuda().usable) return NoCuda();
+    auto pd = std::make_unique<PerDevice>();
+    // Priority 0: the default; gradients share the device with the backward pass.
+    SDL_RETURN_IF_ERROR(FromGpu(gpu::Stream::Create(d.index, 0, &pd->stream)));
+    SDL_RETURN_IF_ERROR(FromGpu(gpu::Event::Create(d.index, &pd->event)));
+    it = devices_.emplace(d.index, std::move(pd)).first;
+  }
+  *out = it->second.get();
+  return Status::OK();
+}
+
+Status CudaMemory::StreamFor(Device d, cudaStream_t* out) {
+  PerDevice* pd = nullptr;
+  SDL_RETURN_IF_ERROR(Get(d, &pd));
+  *out = pd->stream.get();
+  return Status::OK();
+}
+
+Status CudaMemory::EventFor(Device d, const gpu::Event** out) {
+  PerDevice* pd = nullptr;
+  SDL_RETURN_IF_ERROR(Get(d, &pd));
+  *out = &pd->event;
+  return Status::OK();
+}
+
+Status CudaMemory::Alloc(Device d, size_t bytes, void** p) {
+  *p = nullptr;
+  if (bytes == 0) return Status::OK();
+  const gpu::CudaApi* api = gpu::Cuda();
+  if (!api || !gpu::QueryCuda().usable) return NoCuda();
+  gpu::DeviceGuard guard(api, d.index);
+  SDL_RETURN_IF_ERROR(FromGpu(guard.status()));
+  Status s = FromGpu(api->Check(api->Malloc(p, bytes), "cudaMalloc"));
+  if (!s.ok()) {
+    *p = nullptr;
+    s.message = "allocating " + std::to_string(bytes) + " bytes on " + DeviceName(d) + ": " +
+                s.message;
+  }
+  return s;
+}
+
+void CudaMemory::Free(Device d, void* p) {
+  if (!p) return;
+  const gpu::CudaApi* api = gpu::Cuda();
+  if (!api) return;
+  gpu::DeviceGuard guard(api, d.index);
+  // cudaFree waits for work using p on any stream; a failure here (a device
+  // error already reported elsewhere) cannot be acted on.
+  (void)api->Check(api->Free(p), "cudaFree");
+}
+
+Status CudaMemory::CopyToHost(Device d, void* host, const void* src, size_t bytes) {
+  if (!bytes) return Status::OK();
+  PerDevice* pd = nullptr;
+  SDL_RETURN_IF_ERROR(Get(d, &pd));
+  gpu::DeviceGuard guard(gpu::Cuda(), d.index);
+  // On the core stream, so the copy follows the pack and the input waits;
+  // then the host transport reads `host`: wait for this stream only.
+  SDL_RETURN_IF_ERROR(FromGpu(gpu::CopyAsync(host, src, bytes, pd->stream.get())));
+  return FromGpu(pd->stream.Synchronize());
+}
+
+Status CudaMemory::CopyFromHost(Device d, void* dst, const void* host, size_t bytes) {
+  if (!bytes) return Status::OK();
+  PerDevice* pd = nullptr;
+  SDL_RETURN_IF_ERROR(Get(d, &pd));
+  gpu::DeviceGuard guard(gpu::Cuda(), d.index);
+  SDL_RETURN_IF_ERROR(FromGpu(gpu::CopyAsync(dst, host, bytes, pd->stream.get())));
+  // The staging buffer is reused by the next collective: wait until it was read.
+  return FromGpu(pd->stream.Synchronize());
+}
+
+Status CudaMemory::BatchedCopy(Device d, const CopyEntry* entries, int n, DataType dt,
+                               const Scaling& s) {
+  if (n <= 0) return Status::OK();
+  PerDevice* pd = nullptr;
+  SDL_RETURN_IF_ERROR(Get(d, &pd));
+  std::vector<gpu::CopySpan> spans;
+  spans.reserve(n);
+  for (int i = 0; i < n; ++i) spans.push_back(gpu::CopySpan{entries[i].src, entries[i].dst,
+                                                            entries[i].count});
+  gpu::DeviceGuard guard(gpu::Cuda(), d.index);
+  SDL_RETURN_IF_ERROR(FromGpu(guard.status()));
+  return FromGpu(gpu::BatchedScaledCopy(spans, dt, s.factor, pd->stream.get(), s.divisor));
+}
+
+Status CudaMemory::WaitForStream(Device d, uintptr_t stream) {
+  PerDevice* pd = nullptr;
+  SDL_RETURN_IF_ERROR(Get(d, &pd));
+  gpu::DeviceGuard guard(gpu::Cuda(), d.index);
+  SDL_RETURN_IF_ERROR(FromGpu(guard.status()));
+  // Everything the framework queued on its stream up to now (the tensor's
+  // producer) before the core's next work on d; later framework work is not waited for.
+  SDL_RETURN_IF_ERROR(FromGpu(pd->event.Record(FrameworkStream(stream))));
+  return FromGpu(pd->event.MakeStreamWait(pd->stream.get()));
+}
+
+Status CudaMemory::SignalStream(Device d, uintptr_t stream) {
+  PerDevice* pd = nullptr;
+  SDL_RETURN_IF_ERROR(Get(d, &pd));
+  gpu::DeviceGuard guard(gpu::Cuda(), d.index);
+  SDL_RETURN_IF_ERROR(FromGpu(guard.status()));
+  // The outputs (and the reads of the inputs) are queued on the core stream:
+  // the framework's later work on its stream runs after them, so the caller may
+  // read the result and reuse the input's memory in stream order.
+  SDL_RETURN_IF_ERROR(FromGpu(pd->event.Record(pd->stream.get())));
+  return FromGpu(pd->event.MakeStreamWait(FrameworkStream(stream)));
+}
+
+}  // namespace sdl
