@@ -84,6 +84,40 @@ def _batch_specs(bufs):
             [codes[t.dtype] for t in bufs])
 
 
+def _all_cpu(bufs):
+    """Whether the batched path (addresses of host memory) can take every buffer."""
+    return all(t.is_cpu for t in bufs)
+
+
+def _per_tensor_allreduces(tensors, bufs, copy_backs, names, op, prescale_factor,
+                           postscale_factor, process_set, group="", group_size=0, label=""):
+    """The batched paths' form for device tensors: one :func:`_ops.submit` each.
+
+    The batch entry point takes host addresses only; a CUDA tensor crosses through
+    DLPack with its stream (:mod:`spark_dl.torch._device`), so the core learns its device
+    and orders its reads after the framework's work. ``copy_backs`` None: out of place
+    (the core allocates each result); else in place, and the result is ``tensors``.
+    """
+    in_place = copy_backs is not None
+    handles = []
+    for i, buf in enumerate(bufs):
+        finish = (lambda o, ints: None) if in_place else (lambda o, ints: _wrap(o[0]))
+        handles.append(_ops.submit(
+            "allreduce", names[i], buf, buf if in_place else None, finish=finish,
+            process_set=process_set, op=op, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, group=group, group_size=group_size,
+            core_output=not in_place))
+
+    def combine(results):
+        if not in_place:
+            return results
+        for copy_back in copy_backs:
+            copy_back()
+        return list(tensors) if group else tensors  # as the batched forms return them
+
+    return CompositeHandle(handles, combine, label)
+
+
 def _batch_targets(tensors):
     """:func:`_target` of each tensor, for the batched in-place path: (buffers, copy-backs).
 
@@ -176,6 +210,10 @@ def grouped_allreduce_named(tensors, average, name, op, prescale_factor, postsca
     group = group_name("grouped_allreduce", name, process_set)
     if member_names is None:
         member_names = [f"{group}.{i}" for i in range(len(tensors))]
+    if not _all_cpu(bufs):
+        return _per_tensor_allreduces(
+            tensors, bufs, copy_backs if in_place else None, member_names, op, prescale_factor,
+            postscale_factor, process_set, group=group, group_size=len(tensors), label=group)
     # One call enqueues every member, one handle waits for all (submit_many).
     addrs, shapes, dtypes = _batch_specs(bufs)
     if in_place:
@@ -203,6 +241,10 @@ def batched_allreduce_async_(tensors, names, op, prescale_factor, postscale_fact
     list of tensors. What :class:`~spark_dl.torch.DistributedOptimizer` uses for the
     gradients of a step."""
     bufs, copy_backs = _batch_targets(tensors)
+    label = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1})"
+    if not _all_cpu(bufs):
+        return _per_tensor_allreduces(tensors, bufs, copy_backs, names, op, prescale_factor,
+                                      postscale_factor, process_set, label=label)
     addrs, shapes, dtypes = _batch_specs(bufs)
 
     def finish(outputs):
@@ -210,7 +252,6 @@ def batched_allreduce_async_(tensors, names, op, prescale_factor, postscale_fact
             copy_back()
         return tensors
 
-    label = names[0] if len(names) == 1 else f"{names[0]} (+{len(names) - 1})"
     return _ops.submit_many("allreduce", names, addrs, addrs, shapes, dtypes,
                             keep=(tensors, bufs), finish=finish, process_set=process_set, op=op,
                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,

@@ -199,3 +199,37 @@ def test_torch_model_carries_use_gpu():
     model = TorchModel(model=torch.nn.Linear(3, 1), feature_columns=["x"], input_shapes=[[-1, 3]])
     assert model.getUseGpu() is True
     assert model.setUseGpu(False)._predictor({"x": {}}).use_gpu is False
+
+
+def test_batched_forms_send_device_tensors_one_by_one(monkeypatch):
+    """The batched entry point (``submit_many``) takes host addresses only, so grouped
+    allreduces and DistributedOptimizer's gradient batches must send device (CUDA)
+    tensors one ``submit`` each, through DLPack with their stream. No CUDA tensor exists
+    here: the dispatch is forced and the per-tensor form runs on CPU tensors, 1 rank."""
+    from spark_dl.torch import _async_ops
+
+    calls = []
+    monkeypatch.setattr(_async_ops, "_all_cpu", lambda bufs: calls.append(len(bufs)) or False)
+
+    def batch_entry(*args, **kwargs):
+        raise AssertionError("device tensors reached the batched entry point")
+
+    monkeypatch.setattr(_async_ops._ops, "submit_many", batch_entry)
+    hvd.init()
+    try:
+        xs = [torch.arange(4, dtype=torch.float32) + i for i in range(3)]
+        out = hvd.grouped_allreduce(xs, op=hvd.Sum, postscale_factor=2.0, name="g")
+        assert [o.tolist() for o in out] == [(2 * x).tolist() for x in xs]
+        ys = [x.clone() for x in xs]
+        assert hvd.grouped_allreduce_(ys, op=hvd.Sum, name="g_") is not None
+        assert all(torch.equal(y, x) for x, y in zip(xs, ys))
+
+        # DistributedOptimizer's gradient batch (a 1-rank optimizer does not communicate)
+        zs = [x.clone() for x in xs]
+        handle = _async_ops.batched_allreduce_async_(
+            zs, ["w", "b", "c"], hvd.Sum, 1.0, 3.0, hvd.global_process_set)
+        assert hvd.synchronize(handle) is zs
+        assert all(torch.equal(z, 3 * x) for x, z in zip(xs, zs))
+        assert calls == [3, 3, 3]
+    finally:
+        hvd.shutdown()
