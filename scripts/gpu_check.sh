@@ -13,7 +13,7 @@
 # .gpudeps/ (from --fetch-deps) are unpacked into a private prefix.
 #
 # Settings (environment): PYTHON (default python3), SDL_GPU_CHECK_OUT (logs; default
-# build/gpu-check), SDL_CMAKE_ARGS (extra CMake arguments, e.g. -DSDL_CUDA_ARCHS=90),
+# build/gpu-check), SDL_CMAKE_ARGS (extra CMake arguments, e.g. -DSDL_CUDA_ARCHITECTURES=90),
 # SDL_GPU_CHECK_TESTS (pytest selection; default tests/gpu tests/unit/test_gpu_*.py).
 # Exit status: 0 when the build, every test and the benchmark passed; 1 otherwise; 2 when
 # something the check needs is missing (it says what).

@@ -123,3 +123,16 @@ def test_sdlrun_names_the_ranks_that_had_finished():
     assert rc == 1, text
     assert ("rank 1 on localhost failed with exit code 1 after ranks 0, 2 had finished with "
             "exit code 0 (if it raised ShutdownError, it called a collective") in text
+
+
+def test_a_lost_ranks_own_consequence_does_not_blame_itself():
+    """A rank lost with its task may have reported a consequence first (its peer died in a
+    collective): that line is its last word, not 'rank 0 stopped because rank 0 failed'."""
+    failures = [Failure(2, "rank 0 was lost: its Spark task 0 disappeared", rank=0),
+                Failure(3, "rank 0 raised PeerFailureError: rank 1 exited", rank=0,
+                        detail="PeerFailureError: rank 1 exited")]
+    message, lines = failure_report(failures)
+    assert "rank 0 failed first" not in message
+    assert "rank 0 had also reported: PeerFailureError: rank 1 exited" in message
+    assert lines == ["rank 0 was lost: its Spark task 0 disappeared",
+                     "rank 0 had also reported: PeerFailureError: rank 1 exited"]

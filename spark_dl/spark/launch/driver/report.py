@@ -67,6 +67,8 @@ def failure_report(failures: Sequence[Failure],
                     for f in consequences]
     else:
         labelled = [f"{_who(f)}: stopped because {_who(root)} failed first ({_what(f)})"
+                    if f.rank is None or f.rank != root.rank else
+                    f"{_who(f)} had also reported: {_what(f)}"  # the lost rank's last word
                     for f in consequences]
     if labelled:
         heading = ("Consequences (these ranks lost a peer or found spark_dl shut down):"
