@@ -133,9 +133,12 @@ def choose_gpu(use_gpu: bool, local_rank: int, device_count: int,
                 f"run {what} on the CPU with use_gpu=False and no GPU resource request")
         if warn and not _warned.is_set():
             _warned.set()
-            warnings.warn(
+            # Located at "spark_dl" rather than a source line: the warning is one line in the
+            # job's output (a worker's stderr), not the line of our code that gave it.
+            warnings.warn_explicit(
                 f"use_gpu=True, but no CUDA device is available here: {what} runs on the CPU "
-                "(set use_gpu=False to silence this)", GpuFallbackWarning, stacklevel=2)
+                "(set use_gpu=False to silence this)", GpuFallbackWarning, "spark_dl", 0,
+                module=__name__)
         return None
     if local or not assigned:
         return local_rank % device_count
