@@ -78,6 +78,11 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   .venv/bin/python -m pip install -q --no-deps -c constraints.txt nvidia-nccl-cu13
 fi
 echo "setup: building spark_dl (native core) in editable mode"
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[torch,spark,test,mpi,keras,lightning]"
+# The build tools live in .venv and the build does not isolate itself: CMake's cache in
+# build/ then points at this nanobind, so the C++ tests and CMake checks in the test suite
+# can reconfigure and rebuild there (an isolated build's tools are deleted after it).
+.venv/bin/python -m pip install -q -c constraints.txt "scikit-build-core>=0.10" "nanobind>=2.0"
+.venv/bin/python -m pip install -q -c constraints.txt --no-build-isolation \
+  -e ".[torch,spark,test,mpi,keras,lightning]"
 .venv/bin/python -c "import spark_dl._core as c; print('setup: spark_dl core built:', c.build_info())"
 inputs_hash > "$STAMP"
