@@ -25,7 +25,7 @@ pytest.importorskip("pyspark")
 from spark_dl.spark import run  # noqa: E402
 from spark_dl.spark.common.store import Store  # noqa: E402
 from spark_dl.spark.torch import TorchEstimator  # noqa: E402
-from test_run_cases import spark_session  # noqa: E402
+from test_run_cases import fake_gpu_cluster_session  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -33,21 +33,11 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(400),
               pytest.mark.skipif(torch.cuda.is_available(),
                                  reason="the fake GPU would hide this host's real ones")]
 
-_DISCOVERY = '#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0"]}\'\n'
-
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    script = tmp_path_factory.mktemp("gpu") / "discover_gpus.sh"
-    script.write_text(_DISCOVERY)
-    script.chmod(0o755)
-    session = spark_session(
-        "local-cluster[1,2,1024]",
-        **{"spark.executor.memory": "768m",
-           "spark.worker.resource.gpu.amount": "1",
-           "spark.worker.resource.gpu.discoveryScript": str(script),
-           "spark.executor.resource.gpu.amount": "1",
-           "spark.task.resource.gpu.amount": "0.5"})
+    session = fake_gpu_cluster_session(tmp_path_factory.mktemp("gpu"), "local-cluster[1,2,1024]",
+                                       executor_memory="768m", task_gpu_amount="0.5")
     yield session
     session.stop()
 

@@ -45,6 +45,25 @@ def spark_session(master, **conf):
     return session
 
 
+_FAKE_GPU_DISCOVERY = '#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0"]}\'\n'
+
+
+def fake_gpu_cluster_session(tmp_dir, master, executor_memory, task_gpu_amount):
+    """A ``local-cluster`` session whose workers each announce one GPU ("0") through a
+    discovery script written into ``tmp_dir``: Spark schedules GPU resources without a GPU.
+    The caller stops it."""
+    script = tmp_dir / "discover_gpus.sh"
+    script.write_text(_FAKE_GPU_DISCOVERY)
+    script.chmod(0o755)
+    return spark_session(
+        master,
+        **{"spark.executor.memory": executor_memory,
+           "spark.worker.resource.gpu.amount": "1",
+           "spark.worker.resource.gpu.discoveryScript": str(script),
+           "spark.executor.resource.gpu.amount": "1",
+           "spark.task.resource.gpu.amount": task_gpu_amount})
+
+
 def processes_with(*needles):
     """(pid, command line) of live processes whose command line holds every needle."""
     found = []

@@ -16,26 +16,17 @@ pytest.importorskip("pyspark")
 
 from spark_dl.spark import run  # noqa: E402
 from spark_dl.spark.launch.errors import NotEnoughSlotsError, WorkerFailedError  # noqa: E402
-from test_run_cases import sigkill_rank_1, spark_session, topology, worker_processes  # noqa: E402
+from test_run_cases import (fake_gpu_cluster_session, sigkill_rank_1, topology,  # noqa: E402
+                            worker_processes)
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import it
 
-_DISCOVERY = '#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0"]}\'\n'
-
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    script = tmp_path_factory.mktemp("gpu") / "discover_gpus.sh"
-    script.write_text(_DISCOVERY)
-    script.chmod(0o755)
-    session = spark_session(
-        "local-cluster[2,1,1024]",
-        **{"spark.executor.memory": "512m",
-           "spark.worker.resource.gpu.amount": "1",
-           "spark.worker.resource.gpu.discoveryScript": str(script),
-           "spark.executor.resource.gpu.amount": "1",
-           "spark.task.resource.gpu.amount": "1"})
+    session = fake_gpu_cluster_session(tmp_path_factory.mktemp("gpu"), "local-cluster[2,1,1024]",
+                                       executor_memory="512m", task_gpu_amount="1")
     yield session
     session.stop()
 
