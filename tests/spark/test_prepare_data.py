@@ -1,5 +1,5 @@
 """prepare_data on a local Spark session: round trips for every supported type, metadata,
-validation splits, the cache, and every bad input rejected before anything is written."""
+validation splits, the cache, and every bad input rejected with nothing left in the store."""
 
 import json
 import os
@@ -225,7 +225,7 @@ def bad(spark, rows, schema):
     return spark.createDataFrame(rows, schema)
 
 
-def test_bad_inputs_raise_before_writing(spark, store, cache):
+def test_bad_inputs_raise_and_leave_nothing(spark, store, cache):
     from pyspark.ml.linalg import Vectors
     from pyspark.sql import functions as F
 

@@ -1,9 +1,10 @@
 """The executor side of ``prepare_data``: Arrow batches of one Spark partition -> Parquet files.
 
 Runs inside ``DataFrame.mapInArrow``: Spark has already converted the columns (vectors through
-``vector_to_array``) and hands over Arrow record batches; this code only splits train from
-validation rows, re-shapes sparse vectors, groups rows into row groups of a fixed row count,
-and writes through the Store's filesystem. It returns one small summary row per file.
+``vector_to_array``) and hands over Arrow record batches; this code counts the data checks
+(:class:`~.schema.DataStats`), splits train from validation rows, re-shapes sparse vectors,
+groups rows into row groups of a fixed row count, and writes through the Store's filesystem.
+It returns one small summary row per file and one row with the partition's counts.
 
 Each partition writes ``part-<partition>.parquet`` in the train and validation directories
 through :meth:`Store.open_atomic`, so a retried or speculative task replaces the file whole,
@@ -11,21 +12,26 @@ and a failed task leaves no partial file under a name readers pick up.
 """
 
 import posixpath
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from spark_dl.spark.common import constants
 
 
+_SUMMARY_FIELDS = ["split", "name", "rows", "row_groups", "file_bytes", "stats"]
+
+
 def summary_schema():
-    """The schema of the summary rows (split, name, rows, row_groups, file_bytes), as a
-    StructType: a DDL string would be parsed by the JVM's SQL parser, whose first use in
-    a session costs seconds of class loading on a small machine."""
+    """The schema of the summary rows (split, name, rows, row_groups, file_bytes, stats), as
+    a StructType: a DDL string would be parsed by the JVM's SQL parser, whose first use in
+    a session costs seconds of class loading on a small machine. File rows have a split;
+    the partition's counts come in one row with split null and ``stats`` (JSON) set."""
     from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
 
     return StructType([StructField("split", StringType()), StructField("name", StringType()),
                        StructField("rows", LongType()),
                        StructField("row_groups", ArrayType(LongType())),
-                       StructField("file_bytes", LongType())])
+                       StructField("file_bytes", LongType()),
+                       StructField("stats", StringType())])
 
 
 SPLIT_COLUMN = "__spark_dl_is_val__"
@@ -37,29 +43,38 @@ class PartitionWriter:
     Args:
         store: the Store (pickled to the executors).
         dirs: ``{"train": path, "val": path}`` of the directories to write.
-        rows_per_group: rows per Parquet row group (the last one of a file may be smaller).
-        sparse: {column: value dtype} of columns arriving as Spark ML vector structs and
-            written as struct<indices, values>.
-        split: whether batches carry the boolean ``SPLIT_COLUMN`` (True = validation row).
+        stats: a fresh :class:`~.schema.DataStats` naming the columns to check.
+        row_group_bytes: target decoded bytes of a row group; the row count follows from
+            the first batch's row size (array and vector lengths included; every row has
+            the same size in data that passes the checks).
+        sparse: {column: (value dtype, stored bytes per row)} of columns arriving as Spark
+            ML vector structs and written as struct<indices, values>.
+        split: whether batches carry the boolean ``SPLIT_COLUMN`` (True = validation row;
+            null = a null in the validation column, counted and written as training).
         compression: Parquet codec.
     """
 
-    def __init__(self, store, dirs: Dict[str, str], rows_per_group: int,
-                 sparse: Dict[str, str], split: bool, compression: str = "snappy"):
+    def __init__(self, store, dirs: Dict[str, str], stats, row_group_bytes: float,
+                 sparse: Dict[str, tuple], split: bool, compression: str = "snappy"):
         self.store = store
         self.dirs = dirs
-        self.rows_per_group = rows_per_group
+        self.stats = stats
+        self.row_group_bytes = row_group_bytes
         self.sparse = sparse
         self.split = split
         self.compression = compression
 
     def __call__(self, batches):
+        import json
+
         import pyarrow as pa
+        import pyarrow.compute as pc
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         name = constants.PART_FILE_TEMPLATE.format(partition=ctx.partitionId() if ctx else 0)
         writers: Dict[str, _FileWriter] = {}
+        rows_per_group = None
         try:
             for rb in batches:
                 if rb.num_rows == 0:
@@ -68,9 +83,12 @@ class PartitionWriter:
                 if self.split:
                     flag = rb.column(SPLIT_COLUMN)
                     rb = rb.drop_columns([SPLIT_COLUMN])
-                    import pyarrow.compute as pc
-
+                    self.stats.add_validation_flags(flag)
+                    flag = flag.fill_null(False)
                     parts = {"train": rb.filter(pc.invert(flag)), "val": rb.filter(flag)}
+                self.stats.add_batch(rb)
+                if rows_per_group is None:
+                    rows_per_group = self._rows_per_group(rb)
                 for split, part in parts.items():
                     if part.num_rows == 0:
                         continue
@@ -78,19 +96,38 @@ class PartitionWriter:
                     if split not in writers:
                         writers[split] = _FileWriter(
                             self.store, posixpath.join(self.dirs[split], name), part.schema,
-                            self.rows_per_group, self.compression)
+                            rows_per_group, self.compression)
                     writers[split].write(part)
-            summaries = [(split, name) + w.close() for split, w in writers.items()]
+            rows = [(split, name) + w.close() + (None,) for split, w in writers.items()]
         except BaseException:
             for w in writers.values():
                 w.abort()
             raise
-        if summaries:
-            cols = list(zip(*summaries))
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(cols[0]), pa.array(cols[1]), pa.array(cols[2], pa.int64()),
-                 pa.array(cols[3], pa.list_(pa.int64())), pa.array(cols[4], pa.int64())],
-                names=["split", "name", "rows", "row_groups", "file_bytes"])
+        rows.append((None, name, None, None, None,
+                     json.dumps({"counts": self.stats.counts, "rows_per_group": rows_per_group})))
+        cols = list(zip(*rows))
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(cols[0], pa.string()), pa.array(cols[1], pa.string()),
+             pa.array(cols[2], pa.int64()), pa.array(cols[3], pa.list_(pa.int64())),
+             pa.array(cols[4], pa.int64()), pa.array(cols[5], pa.string())],
+            names=_SUMMARY_FIELDS)
+
+    def _rows_per_group(self, rb) -> int:
+        """Rows per row group: ``row_group_bytes`` over the decoded size of a row (the
+        longest array of this batch for list columns)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        row = 0.0
+        for field, arr in zip(rb.schema, rb.columns):
+            if field.name in self.sparse:
+                row += self.sparse[field.name][1]
+            elif pa.types.is_list(field.type) or pa.types.is_large_list(field.type):
+                longest = pc.max(pc.list_value_length(arr)).as_py() or 0
+                row += longest * max(field.type.value_type.bit_width // 8, 1)
+            else:
+                row += max(field.type.bit_width // 8, 1)
+        return max(1, int(self.row_group_bytes // max(row, 1)))
 
     def _convert(self, rb):
         """Spark ML vector structs -> struct<indices: list<int32>, values: list<dtype>>."""
@@ -102,7 +139,7 @@ class PartitionWriter:
         for field, arr in zip(rb.schema, rb.columns):
             if field.name in self.sparse:
                 value_type = pa.from_numpy_dtype(__import__("numpy").dtype(
-                    self.sparse[field.name]))
+                    self.sparse[field.name][0]))
                 indices = arr.field("indices").cast(pa.list_(pa.int32()))
                 values = arr.field("values").cast(pa.list_(value_type))
                 arr = pa.StructArray.from_arrays(
@@ -164,6 +201,7 @@ class _FileWriter:
             pass
 
 
-def sparse_dtypes(infos) -> Optional[Dict[str, str]]:
-    """{name: dtype} of the sparse columns among ``infos`` (ColumnInfo values)."""
-    return {i.name: i.dtype for i in infos if i.sparse}
+def sparse_columns(infos, row_bytes) -> Dict[str, tuple]:
+    """{name: (dtype, stored bytes per row)} of the sparse columns among ``infos``
+    (ColumnInfo values); ``row_bytes(info)`` estimates a row's stored size."""
+    return {i.name: (i.dtype, row_bytes(i)) for i in infos if i.sparse}

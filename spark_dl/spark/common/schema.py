@@ -14,11 +14,12 @@ Spark ML DenseVector/SparseVector vector    list<double> (``vector_dtype``) via 
                                             struct<indices: list<int32>, values: list<T>>
 ================================  ========  ============================================
 
-Everything else is rejected with the column name and a fix, and so are NaN and infinite values
-in float columns, arrays and vectors (unless ``allow_nonfinite``). All checks on the data run
-as one
-Spark SQL aggregation (plus one vectorised Arrow pass over vector columns when
-``compress_sparse`` is asked for), before any file is written.
+Everything else is rejected with the column name and a fix, and so are nulls, NaN and infinite
+values in float columns, arrays and vectors (unless ``allow_nonfinite``) and arrays or vectors
+of differing lengths. The checks on the data are counted by :class:`DataStats` inside the
+write job itself, so the data is read once (plus one vectorised Arrow pass over vector
+columns before it when ``compress_sparse`` is asked for, which decides their layout); a
+dataset that fails them is deleted before ``prepare_data`` raises.
 """
 
 import dataclasses
@@ -99,64 +100,123 @@ def classify(name: str, dt, vector_dtype: str) -> ColumnInfo:
                     f"{_FIXES.get(key, 'convert it to numbers, arrays of numbers or vectors')}")
 
 
-def stats_exprs(infos: Dict[str, ColumnInfo], compress_sparse: bool,
-                check_finite: bool = True):
-    """Aggregate expressions for the checks, with the alias of each result; with
-    ``check_finite``, the count of rows holding NaN or an infinity per float column."""
-    from pyspark.ml.functions import vector_to_array
-    from pyspark.sql import functions as F
-
-    exprs = [F.count(F.lit(1)).alias("n")]
-    for i, (name, info) in enumerate(infos.items()):
-        c = _col(name)
-        exprs.append(F.sum(F.when(c.isNull(), 1).otherwise(0)).alias(f"nulls_{i}"))
-        if info.kind == constants.KIND_ARRAY:
-            size = F.when(c.isNotNull(), F.size(c))
-            exprs += [F.min(size).alias(f"min_{i}"), F.max(size).alias(f"max_{i}"),
-                      F.sum(F.when(F.exists(c, lambda x: x.isNull()), 1).otherwise(0))
-                      .alias(f"elemnulls_{i}")]
-        elif info.kind == constants.KIND_VECTOR and not compress_sparse:
-            size = F.when(c.isNotNull(), F.size(vector_to_array(c)))
-            exprs += [F.min(size).alias(f"min_{i}"), F.max(size).alias(f"max_{i}")]
-        if check_finite and info.dtype in _FLOAT_DTYPES:
-            exprs.append(F.sum(F.when(_nonfinite(c, info.kind), 1).otherwise(0))
-                         .alias(f"nonfinite_{i}"))
-    return exprs
-
-
 # Element dtypes that can hold NaN or an infinity (vectors hold doubles).
 _FLOAT_DTYPES = ("float32", "float64")
 
 
-def _nonfinite(c, kind: str):
-    """True for a row whose value (or any element of its array or vector) is NaN or
-    infinite."""
-    from pyspark.ml.functions import vector_to_array
-    from pyspark.sql import functions as F
+class DataStats:
+    """The data checks, counted per Arrow batch inside the write job (one pass over the
+    data; see :mod:`.parquet_writer`) and merged on the driver for :func:`check_stats`.
 
-    def bad(x):
-        return F.isnan(x) | (F.abs(x) == F.lit(float("inf")))
+    Counts, keyed as :func:`check_stats` reads them: ``n`` rows; per column ``i`` (in
+    ``columns`` order) ``nulls_i``; ``min_i``/``max_i`` lengths of arrays and dense vectors;
+    ``elemnulls_i`` rows of an array column with a null element; with ``check_finite``,
+    ``nonfinite_i`` rows holding NaN or an infinity in a float column (a value, or any
+    element of an array or vector); ``val_nulls``/``val_rows`` of a validation column.
 
-    if kind == constants.KIND_SCALAR:
-        return bad(c)
-    values = vector_to_array(c) if kind == constants.KIND_VECTOR else c
-    return F.exists(values, bad)
+    Args:
+        columns: ``(name, kind, dtype, sparse)`` per column, as the batches carry them
+            (dense vectors already turned into lists by ``vector_to_array``; sparse ones
+            as Spark's vector struct).
+        check_finite: count NaN and infinities in float columns.
+    """
+
+    def __init__(self, columns, check_finite: bool):
+        self.columns = [tuple(c) for c in columns]
+        self.check_finite = check_finite
+        self.counts: Dict[str, int] = {"n": 0}
+
+    def _add(self, key: str, value, combine=lambda a, b: a + b) -> None:
+        if value is None:
+            return
+        value = int(value)
+        old = self.counts.get(key)
+        self.counts[key] = value if old is None else combine(old, value)
+
+    def add_batch(self, rb) -> None:
+        """Counts one Arrow record batch."""
+        import pyarrow.compute as pc
+
+        self._add("n", rb.num_rows)
+        for i, (name, kind, dtype, sparse) in enumerate(self.columns):
+            arr = rb.column(name)
+            self._add(f"nulls_{i}", arr.null_count)
+            if arr.null_count:
+                arr = arr.filter(arr.is_valid())
+            check = self.check_finite and dtype in _FLOAT_DTYPES
+            if kind == constants.KIND_SCALAR:
+                if check:
+                    self._add(f"nonfinite_{i}", pc.sum(pc.invert(pc.is_finite(arr))).as_py()
+                              or 0)
+                continue
+            lists = pc.struct_field(arr, "values") if sparse else arr
+            if not sparse:
+                lengths = pc.min_max(pc.list_value_length(lists)).as_py()
+                self._add(f"min_{i}", lengths["min"], min)
+                self._add(f"max_{i}", lengths["max"], max)
+            if kind == constants.KIND_ARRAY:
+                self._add(f"elemnulls_{i}", _rows_where(lists, lambda v: v.is_null()))
+            if check:
+                self._add(f"nonfinite_{i}",
+                          _rows_where(lists, lambda v: pc.invert(pc.is_finite(v))))
+
+    def add_validation_flags(self, flags) -> None:
+        """Counts a validation column (boolean, before its nulls are filled)."""
+        import pyarrow.compute as pc
+
+        self._add("val_nulls", flags.null_count)
+        self._add("val_rows", pc.sum(flags.fill_null(False)).as_py() or 0)
+
+    @staticmethod
+    def merge(parts) -> Dict[str, int]:
+        """One dict of counts from the per-partition dicts (sums; min and max lengths)."""
+        total: Dict[str, int] = {"n": 0}
+        for part in parts:
+            for key, value in part.items():
+                if value is None:
+                    continue
+                if key not in total:
+                    total[key] = value
+                elif key.startswith("min_"):
+                    total[key] = min(total[key], value)
+                elif key.startswith("max_"):
+                    total[key] = max(total[key], value)
+                else:
+                    total[key] += value
+        return total
 
 
-def check_stats(row, infos: Dict[str, ColumnInfo], compress_sparse: bool) -> int:
+def _rows_where(lists, predicate) -> int:
+    """How many rows of a list array (no null rows) hold an element for which
+    ``predicate`` (elements -> boolean array) is true."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    values = lists.flatten()
+    if len(values) == 0:
+        return 0
+    hit = np.asarray(predicate(values).fill_null(False))
+    if not hit.any():
+        return 0
+    parents = np.asarray(pc.list_parent_indices(lists))
+    return int(np.unique(parents[hit]).size)
+
+
+def check_stats(row: Dict[str, int], infos: Dict[str, ColumnInfo],
+                compress_sparse: bool) -> int:
     """Raise ValueError for nulls, NaN or infinite values (when counted, see
-    :func:`stats_exprs`) or differing lengths; set shapes. Returns the row count."""
+    :class:`DataStats`) or differing lengths; set shapes. Returns the row count."""
     n = row["n"]
     if n == 0:
         raise ValueError("the DataFrame is empty: there is nothing to train on (check the "
                          "filters that produced it)")
     for i, (name, info) in enumerate(infos.items()):
-        nulls = row[f"nulls_{i}"]
+        nulls = row.get(f"nulls_{i}", 0)
         if nulls:
             raise ValueError(f"column {name!r} has {nulls} null values out of {n} rows; drop "
                              f"them (df.dropna(subset=[{name!r}])) or fill them "
                              f"(df.fillna(...)) first")
-        nonfinite = row.asDict().get(f"nonfinite_{i}") or 0
+        nonfinite = row.get(f"nonfinite_{i}", 0)
         if nonfinite:
             what = "values" if info.kind == constants.KIND_SCALAR else "elements"
             raise ValueError(
@@ -173,7 +233,7 @@ def check_stats(row, infos: Dict[str, ColumnInfo], compress_sparse: bool) -> int
                 raise ValueError(f"column {name!r} holds {what} of different lengths ({lo} to "
                                  f"{hi}); every row must have the same length: pad or truncate "
                                  f"them first (e.g. F.slice / F.concat with zeros)")
-            if info.kind == constants.KIND_ARRAY and row[f"elemnulls_{i}"]:
+            if info.kind == constants.KIND_ARRAY and row.get(f"elemnulls_{i}"):
                 raise ValueError(f"column {name!r} has {row[f'elemnulls_{i}']} arrays with null "
                                  "elements; replace them first (e.g. F.transform(col, lambda x: "
                                  "F.coalesce(x, F.lit(0))))")
@@ -231,8 +291,9 @@ class _VectorStats:
             names=["col", "rows", "dense_rows", "min_size", "max_size", "nnz"])
 
 
-def check_vector_stats(rows, infos: Dict[str, ColumnInfo]) -> None:
-    """Fold per-partition vector stats into ``infos``; sparse-only columns become sparse."""
+def check_vector_stats(rows, infos: Dict[str, ColumnInfo]) -> int:
+    """Fold per-partition vector stats into ``infos``; sparse-only columns become sparse.
+    Returns the most non-null rows counted in a column (for sizing row groups)."""
     total: Dict[str, list] = {}
     for r in rows:
         t = total.setdefault(r["col"], [0, 0, None, None, 0])
@@ -250,3 +311,4 @@ def check_vector_stats(rows, infos: Dict[str, ColumnInfo]) -> None:
         info.shape = [int(lo)]
         info.sparse = dense == 0
         info.nnz = int(nnz) if info.sparse else None
+    return max((t[0] for t in total.values()), default=0)

@@ -4,12 +4,15 @@ Steps, in order (nothing is written before step 4):
 
 1. check the arguments and the DataFrame's schema (missing columns, unsupported types);
 2. look the request up in the training-data cache (:mod:`.cache`); a hit returns at once;
-3. check the data with one Spark SQL aggregation (empty DataFrame, nulls, NaN and infinities,
-   arrays or vectors of differing lengths, validation column) and that the store is writable;
+3. check that the store is writable (and, with ``compress_sparse``, find each vector
+   column's layout with one Arrow pass);
 4. write: one ``mapInArrow`` job converts the columns with Spark's own functions
-   (``vector_to_array`` for vectors), splits train/validation rows, and writes one Parquet file
-   per partition and split with row groups sized for streaming;
-5. write the metadata document (:mod:`.metadata`) last, atomically: a dataset without it is
+   (``vector_to_array`` for vectors), counts the data checks (empty DataFrame, nulls, NaN
+   and infinities, arrays or vectors of differing lengths, validation column), splits
+   train/validation rows, and writes one Parquet file per partition and split with row
+   groups sized for streaming. The data is read once: checks and write share the pass;
+5. check the counts: data that fails is deleted before the error is raised; then write the
+   metadata document (:mod:`.metadata`) last, atomically: a dataset without it is
    incomplete and is never read.
 """
 
@@ -21,9 +24,9 @@ from spark_dl.spark.common import constants
 from spark_dl.spark.common.cache import TrainingDataCache, cache_key, delete_dataset
 from spark_dl.spark.common.metadata import load_metadata
 from spark_dl.spark.common.parquet_writer import (SPLIT_COLUMN, PartitionWriter,
-                                                  sparse_dtypes, summary_schema)
-from spark_dl.spark.common.schema import (_col, check_stats, check_vector_stats, classify,
-                                          stats_exprs, vector_stats_fn, vector_stats_schema)
+                                                  sparse_columns, summary_schema)
+from spark_dl.spark.common.schema import (DataStats, _col, check_stats, check_vector_stats,
+                                          classify, vector_stats_fn, vector_stats_schema)
 from spark_dl.spark.common.store import Store
 
 #: The cache prepare_data uses unless given another (one per driver process).
@@ -148,71 +151,63 @@ def prepare_data(num_processes: int, store: Store, df,
         return DatasetIndex(idx, store)
     idx = key[:16]
 
-    # 3. data checks, then the store
-    from pyspark.sql import functions as F
-
-    exprs = stats_exprs(infos, compress_sparse, check_finite=not allow_nonfinite)
-    if val_col:
-        vc = _col(val_col)
-        exprs += [F.sum(F.when(vc.isNull(), 1).otherwise(0)).alias("val_nulls"),
-                  F.sum(F.when(vc.cast("boolean"), 1).otherwise(0)).alias("val_rows")]
-    stats = df.select(*exprs).collect()[0]
-    total = check_stats(stats, infos, compress_sparse)
-    if val_col:
-        if stats["val_nulls"]:
-            raise ValueError(f"validation column {val_col!r} has {stats['val_nulls']} nulls; "
-                             "fill them with False/0 first")
-        if stats["val_rows"] in (0, total):
-            side = "no" if stats["val_rows"] == 0 else "every"
-            raise ValueError(f"validation column {val_col!r} marks {side} row as validation; "
-                             "it must leave rows on both sides")
+    # 3. the store (and, for compress_sparse, the vector layout)
     vector_cols = [n for n, i in infos.items() if i.kind == constants.KIND_VECTOR]
+    sparse_rows = 0
     if compress_sparse and vector_cols:
         rows = df.select(*[_col(n) for n in vector_cols]).mapInArrow(
             vector_stats_fn(vector_cols), vector_stats_schema()).collect()
-        check_vector_stats(rows, infos)
+        sparse_rows = check_vector_stats(rows, infos)
     if not store.capabilities.shared_across_processes:
         raise ValueError(f"store {store.prefix_path!r} lives in this process only, so Spark "
                          "executors cannot write to it; use a local directory or a shared "
                          "filesystem URL")
     store.check_writable()
-    _log(verbose, f"checked {total} rows in {time.time() - t0:.1f}s")
 
-    # 4. write
-    row_bytes = sum(_stored_row_bytes(i, total) for i in infos.values())
-    rows_per_group = max(1, int(row_group_size_mb * (1 << 20) // max(row_bytes, 1)))
+    # 4. write, counting the checks on the way (one pass over the data)
     dirs = {"train": store.get_train_data_path(idx), "val": store.get_val_data_path(idx)}
     delete_dataset(store, idx)  # leftovers of an interrupted earlier run
     selected = _select(df, infos, vector_dtype, val_col, fraction, seed)
     target = max(1, int(num_processes * partitions_per_process))
-    if selected.rdd.getNumPartitions() > target:
-        selected = selected.coalesce(target)
-    writer = PartitionWriter(store, dirs, rows_per_group, sparse_dtypes(infos.values()),
+    # coalesce never adds partitions (nor shuffles), so a DataFrame with fewer keeps its
+    # own; asking df.rdd for the count would plan the query on the driver first (and
+    # Spark Connect has no df.rdd).
+    selected = selected.coalesce(target)
+    stats = DataStats([(n, i.kind, i.dtype, i.sparse) for n, i in infos.items()],
+                      check_finite=not allow_nonfinite)
+    writer = PartitionWriter(store, dirs, stats, row_group_size_mb * (1 << 20),
+                             sparse_columns(infos.values(),
+                                            lambda i: _stored_row_bytes(i, sparse_rows)),
                              split=validation is not None)
     t1 = time.time()
     summaries = selected.mapInArrow(writer, summary_schema()).collect()
-    _log(verbose, f"wrote {len(summaries)} files in {time.time() - t1:.1f}s")
+    files = [r for r in summaries if r["split"] is not None]
+    partitions = [json.loads(r["stats"]) for r in summaries if r["split"] is None]
+    _log(verbose, f"wrote {len(files)} files in {time.time() - t1:.1f}s")
 
-    # 5. metadata
-    splits = {}
-    for split in ("train", "val"):
-        files = sorted((r for r in summaries if r["split"] == split), key=lambda r: r["name"])
-        splits[split] = {
-            "path": dirs[split], "rows": sum(r["rows"] for r in files),
-            "file_bytes": sum(r["file_bytes"] for r in files),
-            "files": [{"name": r["name"], "rows": r["rows"], "row_groups": list(r["row_groups"]),
-                       "file_bytes": r["file_bytes"]} for r in files]}
-    written = splits["train"]["rows"] + splits["val"]["rows"]
-    problem = None
-    if written != total:
-        problem = f"wrote {written} rows but the DataFrame has {total}: is it non-deterministic?"
-    elif splits["train"]["rows"] == 0 or (validation is not None and splits["val"]["rows"] == 0):
-        problem = (f"validation fraction {fraction} left the "
-                   f"{'training' if splits['train']['rows'] == 0 else 'validation'} split empty "
-                   f"({total} rows); use a fraction nearer 0.5 or more rows")
-    if problem:
+    # 5. the checks, then the metadata; data that fails a check is deleted
+    try:
+        total = _check_counts(DataStats.merge(p["counts"] for p in partitions), infos,
+                              compress_sparse, val_col)
+        splits = {}
+        for split in ("train", "val"):
+            parts = sorted((r for r in files if r["split"] == split), key=lambda r: r["name"])
+            splits[split] = {
+                "path": dirs[split], "rows": sum(r["rows"] for r in parts),
+                "file_bytes": sum(r["file_bytes"] for r in parts),
+                "files": [{"name": r["name"], "rows": r["rows"],
+                           "row_groups": list(r["row_groups"]), "file_bytes": r["file_bytes"]}
+                          for r in parts]}
+        if splits["train"]["rows"] == 0 or (validation is not None and
+                                            splits["val"]["rows"] == 0):
+            empty = "training" if splits["train"]["rows"] == 0 else "validation"
+            raise ValueError(f"validation fraction {fraction} left the {empty} split empty "
+                             f"({total} rows); use a fraction nearer 0.5 or more rows")
+    except BaseException:
         delete_dataset(store, idx)
-        raise ValueError(problem)
+        raise
+    rows_per_group = max(p["rows_per_group"] or 0 for p in partitions)
+    _log(verbose, f"checked {total} rows")
     meta = {
         "format_version": constants.METADATA_FORMAT_VERSION,
         "dataset_idx": idx, "cache_key": key, "created": time.time(),
@@ -248,6 +243,21 @@ def _note_old_datasets(store: Store, idx: str) -> None:
     _log(1, f"the store holds {count} prepared datasets (this one's training data: "
             f"{size / 2 ** 20:.1f} MiB); store.cleanup(keep_last=1) deletes all but the "
             f"newest (docs/data.md)")
+
+
+def _check_counts(counts: dict, infos, compress_sparse: bool, val_col: Optional[str]) -> int:
+    """The data checks on the write job's merged counts (see :class:`DataStats`); returns
+    the row count."""
+    total = check_stats(counts, infos, compress_sparse)
+    if val_col:
+        if counts.get("val_nulls"):
+            raise ValueError(f"validation column {val_col!r} has {counts['val_nulls']} nulls; "
+                             "fill them with False/0 first")
+        if counts.get("val_rows", 0) in (0, total):
+            side = "no" if counts.get("val_rows", 0) == 0 else "every"
+            raise ValueError(f"validation column {val_col!r} marks {side} row as validation; "
+                             "it must leave rows on both sides")
+    return total
 
 
 def _check_args(num_processes, store, labels, features, validation, sample_weight_col,
@@ -295,7 +305,8 @@ def _select(df, infos, vector_dtype, val_col, fraction, seed):
             c = vector_to_array(c, dtype=vector_dtype)
         cols.append(c.alias(name))
     if val_col:
-        cols.append(F.coalesce(_col(val_col).cast("boolean"), F.lit(False)).alias(SPLIT_COLUMN))
+        # Nulls stay null: the writer counts them (an error) and writes them as training.
+        cols.append(_col(val_col).cast("boolean").alias(SPLIT_COLUMN))
     elif fraction is not None:
         cols.append((F.rand(seed) < F.lit(fraction)).alias(SPLIT_COLUMN))
     return df.select(*cols)
