@@ -175,7 +175,13 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         return ctx
 
     def _on_begin(self, store: Store, ctx: dict) -> None:
-        """Hook: work to start before the data is prepared (e.g. slow imports)."""
+        """Hook: work to start before the data is prepared."""
+
+    def _on_training_started(self, ctx: dict) -> None:
+        """Hook: runs once, on the driver, when rank 0 reports its first training step (or
+        its first epoch, when steps are not reported): the place for slow work the driver
+        needs only later (e.g. imports for loading the trained state), which would compete
+        for CPU with Spark's jobs and the workers' start-up if started earlier."""
 
     def _fit(self, df):
         started = time.time()
@@ -309,7 +315,8 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
             val_threads=self.getValReaderNumWorkers(), use_gpu=self.getUseGpu(),
             verbose=verbose, run_id=run_id, shuffle=self.getShuffle() is not False)
         blob = _pickle_or_explain(spec)
-        display = ProgressDisplay(verbose, listeners=[board.on_event])
+        display = ProgressDisplay(verbose, listeners=[board.on_event,
+                                                      self._training_started_listener(ctx)])
         name = type(self).__name__
         if verbose:
             display.print(f"{name}: run {run_id}, {num_proc} processes, "
@@ -341,6 +348,18 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
             display.print(f"{name}: run {run_id} done in {model.timings['total_s']:.1f}s"
                           + (f" (first training step after {first:.1f}s)" if first else ""))
         return model
+
+
+    def _training_started_listener(self, ctx: dict):
+        """A progress listener calling :meth:`_on_training_started` at the first step or
+        epoch event."""
+        started = []
+
+        def listener(event: dict) -> None:
+            if not started and event.get("kind") in ("step", "epoch"):
+                started.append(True)
+                self._on_training_started(ctx)
+        return listener
 
 
 def _timings(ctx: dict, worker: dict) -> dict:

@@ -5,8 +5,9 @@ Rank 0 reports each epoch's averaged metrics to the driver (see
 (``loss``, ``val_loss``, each metric; step = epoch) as they arrive, so TensorBoard pointed at
 ``store.get_logs_path(run_id)`` follows the training live. The events are written with the
 ``tensorboard`` package's own event-file writer, so no framework is needed for them; writing
-on the driver keeps that import off the workers' path to their first step, and the driver
-does it in the background while the data is prepared.
+on the driver keeps that import off the workers' path to their first step. The driver imports
+it in the background once training has started (the first step or epoch event), not while
+the data is prepared: on a small machine that import would take CPU from Spark's first jobs.
 
 On stores with local paths the event file is written in place; on others it is written to a
 temporary directory and uploaded after each epoch. Without the ``tensorboard`` package
@@ -80,10 +81,15 @@ class TensorBoardLogger:
         self._error = None
         self._local_dir = None
         self._thread = None
-        if self.path is not None:
+
+    def start(self) -> None:
+        """Opens the event file in a background thread (once; no-op without a logs path)."""
+        with self._lock:
+            if self.path is None or self._thread is not None:
+                return
             self._thread = threading.Thread(target=self._open, name="spark_dl-tensorboard",
                                             daemon=True)
-            self._thread.start()
+        self._thread.start()
 
     def _open(self) -> None:
         try:
@@ -104,11 +110,15 @@ class TensorBoardLogger:
             self._flush_pending()
 
     def on_event(self, event: dict) -> None:
-        """Listener for progress events: records ``epoch`` events."""
-        if event.get("kind") == "start":
+        """Listener for progress events: records ``epoch`` events; the first ``step`` or
+        ``epoch`` event starts the writer."""
+        kind = event.get("kind")
+        if kind == "start":
             self.first_epoch = int(event.get("start_epoch") or 0)
-        elif event.get("kind") == "epoch":
-            self.add(int(event["epoch"]), event.get("logs") or {})
+        elif kind in ("step", "epoch"):
+            self.start()
+            if kind == "epoch":
+                self.add(int(event["epoch"]), event.get("logs") or {})
 
     def add(self, epoch: int, logs: dict) -> None:
         """Queues the scalars of ``epoch`` and writes what is queued if the writer is ready."""
@@ -140,6 +150,9 @@ class TensorBoardLogger:
                 if epoch > self.first_epoch and epoch not in self._written:
                     self.add(epoch, {k: v[i] for k, v in history.items()
                                      if k not in ("epoch", "rows_per_s") and i < len(v)})
+        if self._thread is None and not self._pending:
+            return None  # training never started and reported nothing: no event file
+        self.start()
         self._thread.join()
         with self._lock:
             if self._writer is not None:

@@ -203,9 +203,9 @@ class TorchEstimator(TorchEstimatorParamsAccessors, EstimatorBase):
 
     # ------------------------------------------------------------------ training
 
-    def _on_begin(self, store, ctx: dict) -> None:
+    def _on_training_started(self, ctx: dict) -> None:
         # Loading the trained optimizer state at the end imports torch._dynamo (see
-        # adapter.preload_torch_dynamo): do it while the data is prepared.
+        # adapter.preload_torch_dynamo): do it while the workers train.
         preload_torch_dynamo()
 
     def _framework_spec(self, store, dataset: Dataset) -> TorchSpec:
