@@ -60,12 +60,14 @@ class WorkerAdapter(abc.ABC):
     @abc.abstractmethod
     def load_checkpoint(self, payload: bytes) -> Tuple[int, Dict[str, list]]:
         """Loads a checkpoint written by :meth:`save_checkpoint` (rank 0 only) and returns
-        (its epoch, counted from 1 as in the history: the number of epochs done, its history). Raises ValueError when it does not fit this model."""
+        (its epoch, counted from 1 as in the history: the number of epochs done, its
+        history). Raises ValueError when it does not fit this model."""
 
     @abc.abstractmethod
     def save_checkpoint(self, epoch: int, history: Dict[str, list]) -> bytes:
-        """The checkpoint after ``epoch`` (counted from 1, as the history's ``epoch``) as bytes: model, optimizer state,
-        ``epoch`` and ``history`` (rank 0 only; the loop writes it atomically)."""
+        """The checkpoint after ``epoch`` (counted from 1, as the history's ``epoch``) as
+        bytes: model, optimizer state, ``epoch`` and ``history`` (rank 0 only; the loop
+        writes it atomically)."""
 
     @abc.abstractmethod
     def broadcast_state(self, root_rank: int) -> None:

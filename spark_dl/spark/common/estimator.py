@@ -349,7 +349,6 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
                           + (f" (first training step after {first:.1f}s)" if first else ""))
         return model
 
-
     def _training_started_listener(self, ctx: dict):
         """A progress listener calling :meth:`_on_training_started` at the first step or
         epoch event."""
