@@ -21,6 +21,8 @@ import json
 import threading
 from typing import Dict, Optional, Tuple
 
+from spark_dl.spark.common.store_cleanup import dataset_paths
+
 
 def plan_fingerprint(df) -> str:
     """Text that is equal for DataFrames with semantically equal analyzed plans."""
@@ -100,6 +102,5 @@ class TrainingDataCache:
 def delete_dataset(store, idx) -> None:
     """Remove dataset ``idx`` from ``store``: metadata first (so a half-deleted dataset is
     never taken as complete), then the data directories. Missing parts are ignored."""
-    store.delete(store.get_data_metadata_path(idx))
-    for path in (store.get_train_data_path(idx), store.get_val_data_path(idx)):
+    for path in dataset_paths(store, idx):
         store.delete(path)

@@ -41,7 +41,6 @@ complete it on close, so prefer s3fs where that matters.)
 import abc
 import contextlib
 import dataclasses
-import json
 import os
 import posixpath
 import re
@@ -53,7 +52,8 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from spark_dl.spark.common import constants
+from spark_dl.spark.common import constants, store_cleanup
+from spark_dl.spark.common.store_cleanup import CleanupReport
 from spark_dl.spark.common.remote_store import (RemoteStore, _LocalRunDir, _noop_sync, _Syncer,
                                                 _TempRunDir)
 
@@ -128,44 +128,6 @@ def _split_scheme(url: str):
     scheme = m.group(1).lower()
     rest = url[len(m.group(1)) + 1:]
     return scheme, rest[2:] if rest.startswith("//") else rest
-
-
-@dataclasses.dataclass
-class CleanupReport:
-    """What :meth:`Store.cleanup` kept and removed: ``(dataset index, bytes)`` pairs, newest
-    first. ``str()`` gives a one-paragraph summary."""
-
-    kept: List[Tuple[str, int]]
-    removed: List[Tuple[str, int]]
-    dry_run: bool = False
-
-    @property
-    def kept_bytes(self) -> int:
-        return sum(n for _, n in self.kept)
-
-    @property
-    def freed_bytes(self) -> int:
-        """Bytes of the removed datasets (would be freed, for a dry run)."""
-        return sum(n for _, n in self.removed)
-
-    def __str__(self) -> str:
-        verb = "would remove" if self.dry_run else "removed"
-        text = (f"{verb} {len(self.removed)} prepared dataset(s), {_size(self.freed_bytes)}; "
-                f"kept {len(self.kept)}, {_size(self.kept_bytes)}")
-        if self.kept:
-            text += ": " + ", ".join(f"{i} ({_size(n)})" for i, n in self.kept)
-        return text
-
-
-def _size(n: int) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-_METADATA_RE = re.compile(r"^" + re.escape(constants.METADATA_FILE) + r"\.(.+)\.json$")
 
 
 class Store(abc.ABC):
@@ -296,19 +258,7 @@ class Store(abc.ABC):
     def prepared_datasets(self) -> List[Tuple[str, float]]:
         """``(dataset index, creation time)`` of every complete prepared dataset in this
         store, newest first (the time is 0 when its metadata cannot be read)."""
-        if not self.exists(self.prefix_path):
-            return []
-        found = []
-        for path in self.listdir(self.prefix_path):
-            m = _METADATA_RE.match(posixpath.basename(path))
-            if not m:
-                continue
-            try:
-                created = float(json.loads(self.read_text(path)).get("created") or 0)
-            except (OSError, ValueError, AttributeError):
-                created = 0.0
-            found.append((m.group(1), created))
-        return sorted(found, key=lambda item: item[1], reverse=True)
+        return store_cleanup.prepared_datasets(self)
 
     def disk_usage(self, path: PathLike) -> int:
         """Bytes of the files at or under ``path`` (0 when nothing is there)."""
@@ -323,9 +273,7 @@ class Store(abc.ABC):
 
     def dataset_size(self, idx) -> int:
         """Bytes of prepared dataset ``idx``: its data directories and metadata."""
-        return sum(self.disk_usage(p) for p in (
-            self.get_train_data_path(idx), self.get_val_data_path(idx),
-            self.get_test_data_path(idx), self.get_data_metadata_path(idx)))
+        return sum(self.disk_usage(p) for p in store_cleanup.dataset_paths(self, idx))
 
     def cleanup(self, keep_last: int = 1, keep: Sequence[str] = (),
                 dry_run: bool = False) -> CleanupReport:
@@ -348,24 +296,7 @@ class Store(abc.ABC):
         trained on may be among those deleted. Each dataset's metadata goes first, so a
         dataset interrupted half way through deletion is never taken as complete.
         """
-        if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
-            raise ValueError(f"keep_last must be an int >= 0, got {keep_last!r}")
-        if isinstance(keep, str):
-            keep = [keep]
-        keep = {str(k) for k in keep}
-        kept, removed = [], []
-        for rank, (idx, _) in enumerate(self.prepared_datasets()):
-            size = self.dataset_size(idx)
-            if rank < keep_last or idx in keep:
-                kept.append((idx, size))
-                continue
-            removed.append((idx, size))
-            if not dry_run:
-                self.delete(self.get_data_metadata_path(idx))
-                for path in (self.get_train_data_path(idx), self.get_val_data_path(idx),
-                             self.get_test_data_path(idx)):
-                    self.delete(path)
-        return CleanupReport(kept=kept, removed=removed, dry_run=dry_run)
+        return store_cleanup.cleanup(self, keep_last, keep, dry_run)
 
     # ---------------------------------------------------------------- I/O primitives
 
@@ -844,8 +775,8 @@ class HDFSStore(FilesystemStore):
     def connect(host="default", port=0, **kwargs) -> pafs.FileSystem:
         """Connect to HDFS, turning a missing Hadoop client into one clear error."""
         try:
-            return pafs.HadoopFileSystem(host, port, **{k: v for k, v in kwargs.items()
-                                                         if v is not None})
+            options = {k: v for k, v in kwargs.items() if v is not None}
+            return pafs.HadoopFileSystem(host, port, **options)
         except (OSError, RuntimeError, ImportError) as e:
             missing = [name for name, ok in [
                 ("JAVA_HOME", bool(os.environ.get("JAVA_HOME"))),
