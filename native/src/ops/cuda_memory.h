@@ -20,6 +20,8 @@
 
 #include <map>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "gpu/cuda_util.h"
 #include "ops/device_memory.h"
@@ -37,6 +39,14 @@ class CudaMemory : public DeviceMemory {
                      const Scaling& s) override;
   Status WaitForStream(Device d, uintptr_t stream) override;
   Status SignalStream(Device d, uintptr_t stream) override;
+  // Pinned staging (cudaHostAlloc, portable), pooled per (device, size class):
+  // a freed buffer waits in its class's list for the next request of that
+  // class. When pinning fails the buffer is pageable (one log line on stderr,
+  // once per process) and copies from it synchronize as before.
+  Status AllocStaging(Device d, size_t bytes, void** p) override;
+  void FreeStaging(Device d, void* p) override;
+  Status StagingFence(Device d) override;
+  ~CudaMemory() override;
 
   // The core's stream on device d (created on first use).
   Status StreamFor(Device d, cudaStream_t* out);
@@ -52,6 +62,18 @@ class CudaMemory : public DeviceMemory {
   Status Get(Device d, PerDevice** out);
 
   std::map<int, std::unique_ptr<PerDevice>> devices_;
+
+  // Staging buffers: every one handed out or pooled, by address.
+  struct StagingInfo {
+    int device;
+    size_t size_class;  // bytes actually allocated
+    bool pinned;
+  };
+  std::map<void*, StagingInfo> staging_;
+  std::map<std::pair<int, size_t>, std::vector<void*>> staging_free_;  // (device, class)
+  // Devices with a CopyFromHost from pinned staging possibly still in flight.
+  std::map<int, bool> staging_pending_;
+  bool pin_failure_logged_ = false;
 };
 
 // The operations layer's Status for a GPU layer status.
