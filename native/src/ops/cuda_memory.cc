@@ -1,7 +1,6 @@
 #include "ops/cuda_memory.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -95,72 +94,44 @@ Status CudaMemory::CopyFromHost(Device d, void* dst, const void* host, size_t by
   // host waits only before it writes into a staging buffer again
   // (StagingFence). Any other host memory may change as soon as we return:
   // wait until it was read.
-  auto it = staging_.upper_bound(const_cast<void*>(host));
-  if (it != staging_.begin()) {
-    --it;
-    const char* base = static_cast<const char*>(it->first);
-    const char* h = static_cast<const char*>(host);
-    if (it->second.pinned && h >= base && h + bytes <= base + it->second.size_class) {
-      staging_pending_[d.index] = true;
-      return Status::OK();
-    }
+  if (staging_ && staging_->IsPinned(host, bytes)) {
+    staging_pending_[d.index] = true;
+    return Status::OK();
   }
   return FromGpu(pd->stream.Synchronize());
 }
 
-namespace {
-
-// Size classes: powers of two from 64 KiB, so buffers of similar sizes share a
-// class and a grown buffer is not reallocated for every few bytes.
-size_t StagingClass(size_t bytes) {
-  size_t c = size_t{64} << 10;
-  while (c < bytes) c <<= 1;
-  return c;
+StagingPool& CudaMemory::Staging() {
+  if (!staging_) {
+    StagingPool::Pin pin = [](int device, size_t bytes, void** p, std::string* why) {
+      const gpu::CudaApi* api = gpu::Cuda(why);
+      if (!api || !api->HostAlloc) {
+        if (why->empty()) *why = "cudaHostAlloc is not available";
+        return false;
+      }
+      gpu::DeviceGuard guard(api, device);
+      // Portable: pinned for every device of the process, not only the current one.
+      gpu::Status s = api->Check(api->HostAlloc(p, bytes, cudaHostAllocPortable),
+                                 "cudaHostAlloc");
+      if (!s.ok()) *why = s.message();
+      return s.ok();
+    };
+    StagingPool::Unpin unpin = [](void* p) {
+      if (const gpu::CudaApi* api = gpu::Cuda()) (void)api->FreeHost(p);
+    };
+    staging_ = std::make_unique<StagingPool>(pin, unpin, [](const std::string& msg) {
+      std::fprintf(stderr, "[spark_dl] %s\n", msg.c_str());
+    });
+  }
+  return *staging_;
 }
 
-}  // namespace
-
 Status CudaMemory::AllocStaging(Device d, size_t bytes, void** p) {
-  const size_t cls = StagingClass(bytes);
-  auto& pool = staging_free_[{d.index, cls}];
-  if (!pool.empty()) {
-    *p = pool.back();
-    pool.pop_back();
-    return Status::OK();
-  }
-  const gpu::CudaApi* api = gpu::Cuda();
-  void* q = nullptr;
-  bool pinned = false;
-  if (api && api->HostAlloc) {
-    gpu::DeviceGuard guard(api, d.index);
-    // Portable: pinned for every device of the process, not only the current one.
-    gpu::Status s = api->Check(api->HostAlloc(&q, cls, cudaHostAllocPortable), "cudaHostAlloc");
-    pinned = s.ok();
-    if (!pinned) {
-      q = nullptr;
-      if (!pin_failure_logged_) {
-        std::fprintf(stderr,
-                     "[spark_dl] pinning a %zu-byte staging buffer for %s failed (%s); staging "
-                     "through pageable memory (synchronous copies)\n",
-                     cls, DeviceName(d).c_str(), s.message().c_str());
-        pin_failure_logged_ = true;
-      }
-    }
-  }
-  if (!q) q = std::malloc(cls);
-  if (!q)
-    return Status::Fail(ErrorCode::kPeerFailure,
-                        "out of host memory allocating a " + std::to_string(cls) +
-                            "-byte staging buffer for " + DeviceName(d));
-  staging_[q] = StagingInfo{d.index, cls, pinned};
-  *p = q;
-  return Status::OK();
+  return Staging().Acquire(d.index, bytes, p);
 }
 
 void CudaMemory::FreeStaging(Device d, void* p) {
-  auto it = staging_.find(p);
-  if (it == staging_.end()) return;
-  staging_free_[{it->second.device, it->second.size_class}].push_back(p);
+  if (staging_) staging_->Release(p);
 }
 
 Status CudaMemory::StagingFence(Device d) {
@@ -173,13 +144,9 @@ Status CudaMemory::StagingFence(Device d) {
 }
 
 CudaMemory::~CudaMemory() {
-  const gpu::CudaApi* api = gpu::Cuda();
-  // Pending copies read pinned buffers: finish them before freeing.
+  // Pending copies read pinned buffers: finish them before the pool frees them.
   for (auto& [dev, pd] : devices_) (void)pd->stream.Synchronize();
-  for (auto& [p, info] : staging_) {
-    if (info.pinned && api) (void)api->FreeHost(p);
-    else if (!info.pinned) std::free(p);
-  }
+  staging_.reset();
 }
 
 Status CudaMemory::BatchedCopy(Device d, const CopyEntry* entries, int n, DataType dt,

@@ -25,6 +25,7 @@
 
 #include "gpu/cuda_util.h"
 #include "ops/device_memory.h"
+#include "ops/staging_pool.h"
 
 namespace sdl {
 
@@ -39,10 +40,9 @@ class CudaMemory : public DeviceMemory {
                      const Scaling& s) override;
   Status WaitForStream(Device d, uintptr_t stream) override;
   Status SignalStream(Device d, uintptr_t stream) override;
-  // Pinned staging (cudaHostAlloc, portable), pooled per (device, size class):
-  // a freed buffer waits in its class's list for the next request of that
-  // class. When pinning fails the buffer is pageable (one log line on stderr,
-  // once per process) and copies from it synchronize as before.
+  // Pinned staging (cudaHostAlloc, portable), pooled per (device, size class)
+  // (ops/staging_pool.h). When pinning fails the buffer is pageable (one log
+  // line on stderr) and copies from it synchronize as before.
   Status AllocStaging(Device d, size_t bytes, void** p) override;
   void FreeStaging(Device d, void* p) override;
   Status StagingFence(Device d) override;
@@ -63,17 +63,11 @@ class CudaMemory : public DeviceMemory {
 
   std::map<int, std::unique_ptr<PerDevice>> devices_;
 
-  // Staging buffers: every one handed out or pooled, by address.
-  struct StagingInfo {
-    int device;
-    size_t size_class;  // bytes actually allocated
-    bool pinned;
-  };
-  std::map<void*, StagingInfo> staging_;
-  std::map<std::pair<int, size_t>, std::vector<void*>> staging_free_;  // (device, class)
+  // Pinned staging buffers per (device, size class); created on first use.
+  StagingPool& Staging();
+  std::unique_ptr<StagingPool> staging_;
   // Devices with a CopyFromHost from pinned staging possibly still in flight.
   std::map<int, bool> staging_pending_;
-  bool pin_failure_logged_ = false;
 };
 
 // The operations layer's Status for a GPU layer status.
