@@ -287,6 +287,29 @@ TEST(HostLayout, ShardsOfOddSizesCoverEveryElementOnce) {
   EXPECT_EQ(ShardCounts(9, 3), (std::vector<size_t>{3, 3, 3}));
 }
 
+TEST(HostIds, EveryMemberGetsItsHostsFirstMembersId) {
+  const std::vector<std::string> hosts = {"a", "b", "b", "a", "c", "c"};
+  const int n = static_cast<int>(hosts.size());
+  const std::string name = UniqueName("ids");
+  std::vector<std::string> got(n);
+  std::vector<std::thread> threads;
+  for (int m = 0; m < n; ++m) {
+    threads.emplace_back([&, m] {
+      HostLayout L;
+      ASSERT_TRUE(MakeHostLayout(hosts, m, &L));
+      std::unique_ptr<Comm> flat = Shm(name, m, n);
+      // Only local rank 0 made an id (NCCL's ncclGetUniqueId); the others pass nothing.
+      std::string id = L.local_rank() == 0 ? "id-of-member-" + std::to_string(m) : "";
+      ExchangeHostIds(*flat, L, &id);
+      got[m] = id;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(got, (std::vector<std::string>{"id-of-member-0", "id-of-member-1", "id-of-member-1",
+                                           "id-of-member-0", "id-of-member-4",
+                                           "id-of-member-4"}));
+}
+
 // The brief's case: 2 hosts x 2 local ranks, the members of a host not next to
 // each other in the set (so host order and set order differ within a group).
 TEST(HierarchicalAllreduce, TwoHostsTimesTwoLocalRanksMatchThePlainReduction) {

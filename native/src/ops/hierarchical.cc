@@ -39,6 +39,11 @@ bool MakeHostLayout(const std::vector<std::string>& host_of_member, int me, Host
   return true;
 }
 
+void ExchangeHostIds(Comm& comm, const HostLayout& layout, std::string* id) {
+  std::vector<std::string> all = comm.AllgatherBytes(layout.local_rank() == 0 ? *id : std::string());
+  *id = all.at(layout.Group(0)[layout.host_index()]);
+}
+
 std::vector<size_t> ShardCounts(size_t count, int parts) {
   std::vector<size_t> counts(parts, count / parts);
   for (size_t i = 0; i < count % parts; ++i) ++counts[i];

@@ -52,6 +52,12 @@ struct HostLayout {
 // passes the same identities, so every member gets the same answer.
 bool MakeHostLayout(const std::vector<std::string>& host_of_member, int me, HostLayout* out);
 
+// The per-host communicators' ids: every member of the set calls it (one
+// allgather over comm, the set's CPU communicator); on each host's first member
+// (local rank 0) *id holds the id it made, and every member leaves with its own
+// host's first member's id in *id. Throws sdl::Error as comm does.
+void ExchangeHostIds(Comm& comm, const HostLayout& layout, std::string* id);
+
 // count elements split into `parts` shards: the first count % parts shards
 // hold one element more (shards may be empty when count < parts).
 std::vector<size_t> ShardCounts(size_t count, int parts);

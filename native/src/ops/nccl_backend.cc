@@ -192,12 +192,9 @@ Status NcclBackend::HierarchicalRun(const OpContext& ctx, const HostLayout& layo
   ProcessSet& ps = ctx.ps;
   // The host's first member makes the per-host id; one allgather over the set
   // carries every host's id, and each member keeps its own host's.
-  const int leader = layout.Group(0)[layout.host_index()];
-  gpu::BroadcastFromRoot broadcast = [&ps, &layout, leader](std::string* id) -> gpu::Status {
+  gpu::BroadcastFromRoot broadcast = [&ps, &layout](std::string* id) -> gpu::Status {
     try {
-      std::vector<std::string> all =
-          ps.comm->AllgatherBytes(layout.local_rank() == 0 ? *id : std::string());
-      *id = all.at(leader);
+      ExchangeHostIds(*ps.comm, layout, id);
       return gpu::Status::OK();
     } catch (const Error& e) {
       return gpu::Status::Error(e.code, std::string("exchanging the per-host NCCL ids: ") +
