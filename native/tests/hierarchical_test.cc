@@ -1,11 +1,14 @@
 // Hierarchical allreduce (ops/hierarchical.h) without a GPU: the orchestration
 // the NCCL backend runs, with several members as threads, a fake device over
 // host memory, shared-memory communicators standing in for the per-host NCCL
-// communicator (IntraHost), and the production CommAcrossHosts over a
-// shared-memory communicator of the whole set. Results are checked against a
+// communicator (IntraHost), and the production CommAcrossHosts over the whole
+// set's communicator (shared memory, or Gloo TCP on the loopback). Results are checked against a
 // plain sum/min/max/product over the members' inputs, on every member, for
 // sizes that do not divide by the local size.
 #include <gtest/gtest.h>
+
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/rendezvous/prefix_store.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +24,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "comm/gloo_comm.h"
 #include "comm/shm_comm.h"
 #include "ops/hierarchical.h"
 
@@ -119,6 +123,17 @@ std::unique_ptr<Comm> Shm(const std::string& name, int rank, int size) {
   return std::make_unique<ShmComm>(name, rank, size, ranks, 1 << 16, 30.0, 30.0);
 }
 
+// The set's communicator over Gloo TCP on the loopback, as between hosts.
+std::unique_ptr<Comm> Gloo(gloo::rendezvous::Store& store, const std::string& tag, int rank,
+                           int size) {
+  if (size == 1) return std::make_unique<SelfComm>();
+  static std::shared_ptr<gloo::transport::Device> device = MakeGlooDevice("", "127.0.0.1");
+  gloo::rendezvous::PrefixStore prefixed(tag, store);
+  std::vector<int> ranks(size);
+  for (int i = 0; i < size; ++i) ranks[i] = i;
+  return std::make_unique<GlooComm>(device, prefixed, rank, size, ranks, 30.0, 30.0);
+}
+
 std::string UniqueName(const std::string& tag) {
   static std::atomic<int> n{0};
   return "/sdl_hier_test_" + std::to_string(getpid()) + "_" + tag + "_" + std::to_string(n++);
@@ -199,11 +214,13 @@ std::vector<Case> AllCases() {
 // Runs every case on members whose hosts are `hosts` (one thread each) and
 // checks each member's result against the plain reduction; returns each
 // member's device copy counters through *to_host.
-void RunLayout(const std::vector<std::string>& hosts, int* to_host_per_member = nullptr) {
+void RunLayout(const std::vector<std::string>& hosts, int* to_host_per_member = nullptr,
+               bool gloo_across = false) {
   const int n = static_cast<int>(hosts.size());
   std::vector<HostLayout> layouts(n);
   for (int m = 0; m < n; ++m) ASSERT_TRUE(MakeHostLayout(hosts, m, &layouts[m]));
   const std::string flat_name = UniqueName("flat");
+  gloo::rendezvous::HashStore store;
   std::vector<std::string> local_names;
   for (int h = 0; h < layouts[0].hosts; ++h) local_names.push_back(UniqueName("h" + std::to_string(h)));
   const std::vector<Case> cases = AllCases();
@@ -214,7 +231,8 @@ void RunLayout(const std::vector<std::string>& hosts, int* to_host_per_member = 
   for (int m = 0; m < n; ++m) {
     threads.emplace_back([&, m] {
       const HostLayout& L = layouts[m];
-      std::unique_ptr<Comm> flat = Shm(flat_name, m, n);
+      std::unique_ptr<Comm> flat =
+          gloo_across ? Gloo(store, flat_name, m, n) : Shm(flat_name, m, n);
       std::unique_ptr<Comm> local = Shm(local_names[L.host_index()], L.local_rank(), L.local_size);
       FakeDevice dev;
       ShmIntraHost intra(local.get(), &dev);
@@ -317,6 +335,11 @@ TEST(HierarchicalAllreduce, TwoHostsTimesTwoLocalRanksMatchThePlainReduction) {
   RunLayout({"hostA", "hostB", "hostB", "hostA"}, to_host);
   // One staging round trip per allreduce and member (the shard only).
   for (int m = 0; m < 4; ++m) EXPECT_EQ(to_host[m], static_cast<int>(AllCases().size()));
+}
+
+// The same with the set's communicator over Gloo, as between real hosts.
+TEST(HierarchicalAllreduce, TwoHostsTimesTwoLocalRanksOverGloo) {
+  RunLayout({"hostA", "hostA", "hostB", "hostB"}, nullptr, true);
 }
 
 TEST(HierarchicalAllreduce, ThreeHostsOfOneRankUseOnlyTheCrossHostStep) {
