@@ -222,10 +222,12 @@ void RunLayout(const std::vector<std::string>& hosts, int* to_host_per_member = 
   const std::string flat_name = UniqueName("flat");
   gloo::rendezvous::HashStore store;
   std::vector<std::string> local_names;
-  for (int h = 0; h < layouts[0].hosts; ++h) local_names.push_back(UniqueName("h" + std::to_string(h)));
+  for (int h = 0; h < layouts[0].hosts; ++h)
+    local_names.push_back(UniqueName("h" + std::to_string(h)));
   const std::vector<Case> cases = AllCases();
   // results[case][member]: the output bytes, to compare members bit for bit.
-  std::vector<std::vector<std::vector<char>>> results(cases.size(), std::vector<std::vector<char>>(n));
+  std::vector<std::vector<std::vector<char>>> results(cases.size(),
+                                                      std::vector<std::vector<char>>(n));
   std::vector<int> to_host(n, 0);
   std::vector<std::thread> threads;
   for (int m = 0; m < n; ++m) {

@@ -188,7 +188,8 @@ class PollingBackend : public OpBackend {
   Status Poll() override {
     ++polls;
     if (!*broken) return Status::OK();
-    return Status::Fail(ErrorCode::kPeerFailure, "asynchronous NCCL error on the fake communicator");
+    return Status::Fail(ErrorCode::kPeerFailure,
+                        "asynchronous NCCL error on the fake communicator");
   }
   explicit PollingBackend(const bool* b) : broken(b) {}
   const bool* broken;

@@ -396,9 +396,10 @@ Status NcclCommunicators::CheckAsyncErrors(const char* label) {
       if (comm->failed()) continue;  // already reported by the call that failed
       Status s = comm->CheckAsyncError();
       if (s.ok()) continue;
-      failure = std::string("asynchronous NCCL error on the ") + label + " communicator of process set " +
-                std::to_string(key.first) + ", cuda:" + std::to_string(key.second) + " (rank " +
-                std::to_string(comm->rank()) + " of " + std::to_string(comm->size()) +
+      failure = std::string("asynchronous NCCL error on the ") + label +
+                " communicator of process set " + std::to_string(key.first) + ", cuda:" +
+                std::to_string(key.second) + " (rank " + std::to_string(comm->rank()) + " of " +
+                std::to_string(comm->size()) +
                 "): " + s.message() +
                 ". A peer failed or the device faulted; every pending operation fails and "
                 "the communicators are aborted";

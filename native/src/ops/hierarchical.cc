@@ -40,7 +40,8 @@ bool MakeHostLayout(const std::vector<std::string>& host_of_member, int me, Host
 }
 
 void ExchangeHostIds(Comm& comm, const HostLayout& layout, std::string* id) {
-  std::vector<std::string> all = comm.AllgatherBytes(layout.local_rank() == 0 ? *id : std::string());
+  std::vector<std::string> all =
+      comm.AllgatherBytes(layout.local_rank() == 0 ? *id : std::string());
   *id = all.at(layout.Group(0)[layout.host_index()]);
 }
 

@@ -212,7 +212,9 @@ Status NcclBackend::HierarchicalRun(const OpContext& ctx, const HostLayout& layo
   FnIntraHost intra(
       [&](const void* i, void* o, const std::vector<size_t>& counts, DataType t, ReduceOp r) {
         return RunOn(ctx, "hierarchical reduce-scatter (per host)", local,
-                     [&](gpu::NcclCommunicator* c) { return c->Reducescatter(i, o, counts, t, r); });
+                     [&](gpu::NcclCommunicator* c) {
+                       return c->Reducescatter(i, o, counts, t, r);
+                     });
       },
       [&](const void* i, void* o, const std::vector<size_t>& counts, DataType t) {
         return RunOn(ctx, "hierarchical allgather (per host)", local,
