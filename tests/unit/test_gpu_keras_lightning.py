@@ -276,3 +276,29 @@ def test_lightning_model_carries_use_gpu():
     assert model.getUseGpu() is True
     assert model._predictor(None).use_gpu is True
     assert model.setUseGpu(False)._predictor(None).use_gpu is False
+
+
+# ----------------------------------------------------------------------------- Lightning training
+
+def test_lightning_strategy_trains_on_the_device_the_estimator_chose(monkeypatch):
+    """The estimator's worker picks its GPU by choose_gpu and hands it to the strategy, whose
+    own default (local rank modulo the GPUs) would differ when Spark's GPU is another one."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("lightning")
+    from spark_dl.lightning.strategy import strategy_class
+
+    cls = strategy_class()
+    fake_cuda(monkeypatch, 2)
+    monkeypatch.setattr(cls, "local_rank", property(lambda self: 0))
+    given = cls(device=torch.device("cuda", 1))
+    given.parallel_devices = [torch.device("cuda", 0)]  # what Trainer(devices=1) sets
+    assert given.root_device == torch.device("cuda", 1)
+    assert cls(device=1)._device == torch.device("cuda", 1)
+    default = cls()
+    default.parallel_devices = [torch.device("cuda", 0)]
+    assert default.root_device == torch.device("cuda", 0)  # local rank 0 of 2 GPUs
+    cpu = cls(device=torch.device("cuda", 1))
+    cpu.parallel_devices = [torch.device("cpu")]  # Trainer(accelerator="cpu") wins
+    assert cpu.root_device == torch.device("cpu")
+    with pytest.raises(ValueError, match="names the GPU"):
+        cls(device="cpu")

@@ -342,7 +342,11 @@ class LightningWorker(WorkerAdapter):
         fw, spec = self.fw, self.spec
         from spark_dl.lightning.strategy import strategy_class
 
-        strategy = strategy_class(fw.package)(compression=fw.compression)
+        # The worker's device by the shared GPU rule (_device), not the strategy's own
+        # local-rank default: they differ when Spark's GPU is not the local rank's.
+        strategy = strategy_class(fw.package)(
+            compression=fw.compression,
+            device=self.device if self.device.type == "cuda" else None)
         out = self._output_dir()
         callbacks = list(self.callbacks)
         logger = fw.logger if fw.logger is not None else False
