@@ -3,6 +3,7 @@ the same GPU(s) in the same run, and the pack/unpack kernels against the device'
 
     python benchmarks/gpu.py                    # one rank per GPU (at least one rank)
     python benchmarks/gpu.py --np 1 --iters 50 --json out.json
+    python benchmarks/gpu.py --hierarchical    # spark_dl with SDL_HIERARCHICAL_ALLREDUCE=1
 
 Run it on a GPU machine after building there (``bash scripts/gpu_check.sh`` does both).
 
@@ -217,7 +218,9 @@ def worker(args):
 # ----------------------------------------------------------------------------- driver side
 
 def _report(result):
-    print(f"\n{result['device']}, {result['size']} rank(s); allreduce of float32 CUDA "
+    mode = " (spark_dl: SDL_HIERARCHICAL_ALLREDUCE=1)" if result.get("hierarchical_allreduce") \
+        else ""
+    print(f"\n{result['device']}, {result['size']} rank(s){mode}; allreduce of float32 CUDA "
           "tensors, ms per step (median [p10, p90])\n")
     peers = [p for p in PEERS if p not in result["not_measured"]]
     print("| workload | " + " | ".join(peers) + " |")
@@ -244,6 +247,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--json", help="also write the result here")
+    parser.add_argument("--hierarchical", action="store_true",
+                        help="run spark_dl with SDL_HIERARCHICAL_ALLREDUCE=1 (per-host NCCL "
+                        "reduce-scatter/allgather around the CPU transport; with SDL_HOST_ID "
+                        "unset every rank is on one host)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -254,6 +261,8 @@ def main():
         sys.exit("benchmarks/gpu.py: no CUDA device here (torch.cuda.is_available() is False)")
     np_ = args.np or max(1, torch.cuda.device_count())
     env = dict(os.environ, MASTER_ADDR="127.0.0.1")
+    if args.hierarchical:
+        env["SDL_HIERARCHICAL_ALLREDUCE"] = "1"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         env["MASTER_PORT"] = str(s.getsockname()[1])
@@ -267,6 +276,7 @@ def main():
         sys.stderr.write(proc.stdout[-6000:] + proc.stderr[-6000:])
         sys.exit(f"benchmarks/gpu.py: the job failed (exit {proc.returncode})")
     result = json.loads(lines[-1].split(MARK, 1)[1])
+    result["hierarchical_allreduce"] = bool(args.hierarchical)
     _report(result)
     if args.json:
         with open(args.json, "w") as f:

@@ -15,6 +15,9 @@
 # Settings (environment): PYTHON (default python3), SDL_GPU_CHECK_OUT (logs; default
 # build/gpu-check), SDL_CMAKE_ARGS (extra CMake arguments, e.g. -DSDL_CUDA_ARCHITECTURES=90),
 # SDL_GPU_CHECK_TESTS (pytest selection; default tests/gpu tests/unit/test_gpu_*.py).
+# The C++ unit tests (native/tests: hierarchical allreduce, pinned staging pool, backend
+# choice with fakes) run too when the build found googletest; CUDA being usable there does
+# not change them, except that the refusal of CUDA tensors without a backend is skipped.
 # Exit status: 0 when the build, every test and the benchmark passed; 1 otherwise; 2 when
 # something the check needs is missing (it says what).
 set -uo pipefail
@@ -155,23 +158,40 @@ say "tests (log: $OUTDIR/tests.log)"
 # shellcheck disable=SC2086
 "$VPY" -m pytest ${SDL_GPU_CHECK_TESTS:-tests/gpu tests/unit/test_gpu_devices.py \
     tests/unit/test_gpu_torch.py tests/unit/test_gpu_discovery.py \
-    tests/unit/test_gpu_ops_choice.py} -v -rs -p no:cacheprovider \
+    tests/unit/test_gpu_ops_choice.py tests/unit/test_gpu_keras_lightning.py} -v -rs \
+    -p no:cacheprovider \
     --junitxml="$OUTDIR/tests.xml" 2>&1 | tee "$OUTDIR/tests.log"
 rc=${PIPESTATUS[0]}
 RESULT[tests]=$([[ $rc -eq 0 ]] && echo ok || echo "FAILED (pytest exit $rc)")
+
+# ----------------------------------------------------------------------------- C++ tests
+CPP_TESTS="$ROOT/build/gpu-check-build/tests/sdl_core_tests"
+if [[ -x "$CPP_TESTS" ]]; then
+    say "C++ unit tests (log: $OUTDIR/cpp_tests.log)"
+    timeout 600 "$CPP_TESTS" 2>&1 | tee "$OUTDIR/cpp_tests.log" | tail -n 5
+    rc=${PIPESTATUS[0]}
+    RESULT[cpp_tests]=$([[ $rc -eq 0 ]] && echo ok || echo "FAILED (exit $rc)")
+else
+    RESULT[cpp_tests]="not built (googletest missing: not counted)"
+fi
 
 # ----------------------------------------------------------------------------- benchmark
 say "benchmarks/gpu.py (log: $OUTDIR/bench.log)"
 timeout 900 "$VPY" benchmarks/gpu.py --json "$OUTDIR/bench.json" 2>&1 | tee "$OUTDIR/bench.log"
 rc=${PIPESTATUS[0]}
-RESULT[benchmark]=$([[ $rc -eq 0 ]] && echo ok || echo "FAILED (exit $rc)")
+# The same with hierarchical allreduce (spark_dl's columns change; torch's are the control).
+timeout 900 "$VPY" benchmarks/gpu.py --hierarchical --json "$OUTDIR/bench_hierarchical.json" \
+    2>&1 | tee -a "$OUTDIR/bench.log"
+rc2=${PIPESTATUS[0]}
+RESULT[benchmark]=$([[ $rc -eq 0 && $rc2 -eq 0 ]] && echo ok || \
+    echo "FAILED (exit $rc, hierarchical exit $rc2)")
 
 # ----------------------------------------------------------------------------- summary
 say "summary"
 status=0
-for step in cuda build tests benchmark; do
+for step in cuda build tests cpp_tests benchmark; do
     printf '  %-10s %s\n' "$step" "${RESULT[$step]}"
-    [[ "${RESULT[$step]}" == ok ]] || status=1
+    [[ "${RESULT[$step]}" == ok || "${RESULT[$step]}" == "not built"* ]] || status=1
 done
 grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUTDIR/tests.log" | tail -n 40 || true
 echo "logs: $OUTDIR"

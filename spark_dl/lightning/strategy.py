@@ -160,6 +160,12 @@ def _build(package: str) -> type:
                 ``torch.distributed``, which this strategy does not start).
             accelerator, parallel_devices, checkpoint_io, precision_plugin: as in Lightning's
                 strategies (usually left to the Trainer).
+            device: the CUDA device this process trains on when the Trainer's accelerator
+                is a GPU (a ``torch.device`` or an ordinal). Default: the local rank's GPU
+                (``local_rank % torch.cuda.device_count()``, Horovod's rule under sdlrun).
+                The Spark estimator passes the device of its one GPU rule
+                (:func:`spark_dl.spark.launch.task.devices.choose_gpu`: Spark's GPU for the
+                task by its CUDA ordinal), so the strategy and the worker agree.
         """
 
         strategy_name = "spark_dl"
@@ -168,7 +174,7 @@ def _build(package: str) -> type:
                      op=None, gradient_predivide_factor: float = 1.0, groups=None,
                      sparse_as_dense: bool = False, sync_torchmetrics: bool = True,
                      accelerator=None, parallel_devices=None, checkpoint_io=None,
-                     precision_plugin=None):
+                     precision_plugin=None, device=None):
             super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                              cluster_environment=SparkDLEnvironment(),
                              checkpoint_io=checkpoint_io,
@@ -183,6 +189,12 @@ def _build(package: str) -> type:
             self._groups = groups
             self._sparse_as_dense = sparse_as_dense
             self._sync_torchmetrics = sync_torchmetrics
+            if isinstance(device, int):
+                device = torch.device("cuda", device)
+            if device is not None and torch.device(device).type != "cuda":
+                raise ValueError(f"SparkDLStrategy(device=...) names the GPU to train on, got "
+                                 f"{device!r}; for the CPU use Trainer(accelerator='cpu')")
+            self._device = None if device is None else torch.device(device)
 
         # ------------------------------------------------------------- topology
 
@@ -223,8 +235,9 @@ def _build(package: str) -> type:
         def root_device(self) -> torch.device:
             devices = self.parallel_devices or [torch.device("cpu")]
             if devices[0].type == "cuda":
-                # One GPU per process: the local rank's (with Spark GPU scheduling
-                # CUDA_VISIBLE_DEVICES holds only the task's GPU, so index 0).
+                if self._device is not None:
+                    return self._device  # the Spark estimator's choice (choose_gpu)
+                # One GPU per process: the local rank's.
                 return torch.device("cuda", self.local_rank % torch.cuda.device_count())
             return devices[0]
 

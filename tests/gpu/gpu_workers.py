@@ -295,3 +295,19 @@ def sync_batch_norm_matches():
              errors)
     hvd.shutdown()
     return errors
+
+
+# ----------------------------------------------------------------------------- hierarchical
+
+def hierarchical_allreduce():
+    """allreduce_matrix with SDL_HIERARCHICAL_ALLREDUCE=1 (set by the test): per-host NCCL
+    reduce-scatter, the CPU transport across "hosts", per-host NCCL allgather.
+
+    SDL_TEST_FAKE_HOSTS (default 1) splits the ranks into that many hosts by SDL_HOST_ID
+    (ranks r*hosts//size), so one machine with several GPUs exercises the cross-host step
+    over Gloo; with one GPU and one rank it is the degenerate 1-rank host.
+    """
+    hosts = int(os.environ.get("SDL_TEST_FAKE_HOSTS", "1"))
+    rank, size = int(os.environ["SDL_RANK"]), int(os.environ["SDL_SIZE"])
+    os.environ["SDL_HOST_ID"] = f"fake-host-{rank * hosts // size}"
+    return allreduce_matrix()

@@ -96,3 +96,37 @@ def test_fit_and_transform_on_gpus(spark, tmp_path):
                       input_shapes=[[-1, 3]], use_gpu=True)
     assert set(flag.transform(df).toPandas()["flag"]) == {1.0}
     assert set(flag.setUseGpu(False).transform(df).toPandas()["flag"]) == {0.0}
+
+
+def test_lightning_model_transform_on_gpus(spark):
+    """LightningModel.transform follows the same rule as TorchModel's (issue 12)."""
+    pytest.importorskip("lightning", reason="lightning is not installed here")
+    from spark_dl.spark.lightning import LightningModel
+
+    df = spark.createDataFrame([([float(i), 0.0, 1.0], float(i)) for i in range(40)],
+                               ["x", "y"])
+    flag = LightningModel(model=DeviceFlag(), feature_columns=["x"], output_cols=["flag"],
+                          input_shapes=[[-1, 3]], use_gpu=True)
+    assert set(flag.transform(df).toPandas()["flag"]) == {1.0}
+    assert set(flag.setUseGpu(False).transform(df).toPandas()["flag"]) == {0.0}
+
+
+def test_keras_model_transform_on_gpus(spark):
+    """KerasModel.transform with use_gpu on a host where the Keras backend sees a GPU: the
+    predictions match the model's own (the device itself is checked by the unit tests'
+    fakes; Keras hides it inside its compiled predict function)."""
+    keras = pytest.importorskip("keras", reason="keras is not installed here")
+    from spark_dl.spark.keras import KerasModel
+    from spark_dl.spark.keras.adapter import _gpu_count
+
+    if _gpu_count(keras.backend.backend()) == 0:
+        pytest.skip(f"Keras' backend ({keras.backend.backend()}) sees no GPU here")
+    from pyspark.ml.linalg import Vectors
+
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    x = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    df = spark.createDataFrame([(Vectors.dense(r),) for r in x], ["x"])
+    model = KerasModel(model=net, feature_columns=["x"], output_cols=["out"], use_gpu=True)
+    got = np.stack([v.toArray() for v in model.transform(df).toPandas()["out"]])
+    np.testing.assert_allclose(got, net.predict_on_batch(x), rtol=1e-4, atol=1e-5)

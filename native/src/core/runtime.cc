@@ -65,7 +65,7 @@ Runtime::Runtime(RuntimeOptions opts)
           [this](int level, const std::string& msg) { Log(level, msg); }) {
   // CUDA memory and NCCL in a GPU build (before the background thread starts);
   // creating an NCCL communicator waits for every member, as starting does.
-  AddGpuBackends(ops_, config_.start_timeout_s);
+  AddGpuBackends(ops_, config_.start_timeout_s, config_.hierarchical_allreduce, &host_of_rank_);
   if (opts_.use_mpi) {
     InitMpi();
   } else {
@@ -565,6 +565,8 @@ void Runtime::Loop() {
         }
       }
       WaitForWork(busy, everywhere);
+      // Asynchronous device errors (NCCL) of work queued in earlier cycles.
+      ThrowIfError(ops_.Poll());
       std::shared_ptr<ProcessSet> world = FindSet(0);
       Intake(*world);
       if (controller_.Cycle(*world, config(), true, shutdown_requested_.load())) break;

@@ -65,6 +65,7 @@ Loaded* Load() {
     Resolve(lib, "cudaFree", &a.Free, &missing);
     Resolve(lib, "cudaMallocHost", &a.MallocHost, &missing);
     Resolve(lib, "cudaFreeHost", &a.FreeHost, &missing);
+    Resolve(lib, "cudaHostAlloc", &a.HostAlloc, &missing);
     Resolve(lib, "cudaMemcpyAsync", &a.MemcpyAsync, &missing);
     Resolve(lib, "cudaMemsetAsync", &a.MemsetAsync, &missing);
     Resolve(lib, "cudaLaunchKernel", &a.LaunchKernel, &missing);

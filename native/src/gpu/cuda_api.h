@@ -42,6 +42,7 @@ struct CudaApi {
   cudaError_t (*Malloc)(void**, size_t) = nullptr;
   decltype(&::cudaFree) Free = nullptr;
   cudaError_t (*MallocHost)(void**, size_t) = nullptr;
+  cudaError_t (*HostAlloc)(void**, size_t, unsigned int) = nullptr;  // pinned staging
   decltype(&::cudaFreeHost) FreeHost = nullptr;
   decltype(&::cudaMemcpyAsync) MemcpyAsync = nullptr;
   decltype(&::cudaMemsetAsync) MemsetAsync = nullptr;

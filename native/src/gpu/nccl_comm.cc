@@ -388,5 +388,28 @@ void NcclCommunicators::AbortAll(const std::string& why) {
   for (auto& kv : comms_) kv.second->Abort(why);
 }
 
+Status NcclCommunicators::CheckAsyncErrors(const char* label) {
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& [key, comm] : comms_) {
+      if (comm->failed()) continue;  // already reported by the call that failed
+      Status s = comm->CheckAsyncError();
+      if (s.ok()) continue;
+      failure = std::string("asynchronous NCCL error on the ") + label +
+                " communicator of process set " + std::to_string(key.first) + ", cuda:" +
+                std::to_string(key.second) + " (rank " + std::to_string(comm->rank()) + " of " +
+                std::to_string(comm->size()) +
+                "): " + s.message() +
+                ". A peer failed or the device faulted; every pending operation fails and "
+                "the communicators are aborted";
+      break;
+    }
+  }
+  if (failure.empty()) return Status::OK();
+  AbortAll(failure);
+  return Status::Failure(failure);
+}
+
 }  // namespace gpu
 }  // namespace sdl

@@ -139,6 +139,11 @@ class NcclCommunicators {
   void Erase(int32_t process_set_id);
   // Aborts every communicator (a peer failed; shutting down on error).
   void AbortAll(const std::string& why);
+  // ncclCommGetAsyncError of every live communicator (non-blocking: the
+  // operations layer calls it once per background cycle). On the first error:
+  // aborts every communicator here and returns a failure naming the
+  // communicator (`label` process set, device, rank of size) and NCCL's error.
+  Status CheckAsyncErrors(const char* label);
 
  private:
   NcclOptions options_;

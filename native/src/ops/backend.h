@@ -76,6 +76,12 @@ class OpBackend {
   // A process set was removed: drop what the backend keeps for it (NCCL
   // communicators). Background thread.
   virtual void ReleaseSet(int32_t ps_id) {}
+  // Once per cycle of the background thread, before it runs responses: a
+  // bounded, non-blocking health check of work a backend queued and returned
+  // from (NCCL reports errors of queued collectives asynchronously). A failure
+  // ends the runtime like a transport failure: every in-flight and later
+  // handle fails with the message.
+  virtual Status Poll() { return Status::OK(); }
 };
 
 }  // namespace sdl

@@ -1,5 +1,6 @@
 #include "ops/cuda_memory.h"
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -88,8 +89,64 @@ Status CudaMemory::CopyFromHost(Device d, void* dst, const void* host, size_t by
   SDL_RETURN_IF_ERROR(Get(d, &pd));
   gpu::DeviceGuard guard(gpu::Cuda(), d.index);
   SDL_RETURN_IF_ERROR(FromGpu(gpu::CopyAsync(dst, host, bytes, pd->stream.get())));
-  // The staging buffer is reused by the next collective: wait until it was read.
+  // From a pinned staging buffer the copy is DMA queued on the core stream: the
+  // device's later work (unpack, SignalStream) is ordered after it, and the
+  // host waits only before it writes into a staging buffer again
+  // (StagingFence). Any other host memory may change as soon as we return:
+  // wait until it was read.
+  if (staging_ && staging_->IsPinned(host, bytes)) {
+    staging_pending_[d.index] = true;
+    return Status::OK();
+  }
   return FromGpu(pd->stream.Synchronize());
+}
+
+StagingPool& CudaMemory::Staging() {
+  if (!staging_) {
+    StagingPool::Pin pin = [](int device, size_t bytes, void** p, std::string* why) {
+      const gpu::CudaApi* api = gpu::Cuda(why);
+      if (!api || !api->HostAlloc) {
+        if (why->empty()) *why = "cudaHostAlloc is not available";
+        return false;
+      }
+      gpu::DeviceGuard guard(api, device);
+      // Portable: pinned for every device of the process, not only the current one.
+      gpu::Status s = api->Check(api->HostAlloc(p, bytes, cudaHostAllocPortable),
+                                 "cudaHostAlloc");
+      if (!s.ok()) *why = s.message();
+      return s.ok();
+    };
+    StagingPool::Unpin unpin = [](void* p) {
+      if (const gpu::CudaApi* api = gpu::Cuda()) (void)api->FreeHost(p);
+    };
+    staging_ = std::make_unique<StagingPool>(pin, unpin, [](const std::string& msg) {
+      std::fprintf(stderr, "[spark_dl] %s\n", msg.c_str());
+    });
+  }
+  return *staging_;
+}
+
+Status CudaMemory::AllocStaging(Device d, size_t bytes, void** p) {
+  return Staging().Acquire(d.index, bytes, p);
+}
+
+void CudaMemory::FreeStaging(Device d, void* p) {
+  if (staging_) staging_->Release(p);
+}
+
+Status CudaMemory::StagingFence(Device d) {
+  auto it = staging_pending_.find(d.index);
+  if (it == staging_pending_.end() || !it->second) return Status::OK();
+  PerDevice* pd = nullptr;
+  SDL_RETURN_IF_ERROR(Get(d, &pd));
+  it->second = false;
+  return FromGpu(pd->stream.Synchronize());
+}
+
+CudaMemory::~CudaMemory() {
+  // Pending copies read pinned buffers: finish them before the pool frees them.
+  for (auto& [dev, pd] : devices_) (void)pd->stream.Synchronize();
+  staging_.reset();
 }
 
 Status CudaMemory::BatchedCopy(Device d, const CopyEntry* entries, int n, DataType dt,

@@ -20,9 +20,12 @@
 
 #include <map>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "gpu/cuda_util.h"
 #include "ops/device_memory.h"
+#include "ops/staging_pool.h"
 
 namespace sdl {
 
@@ -37,6 +40,13 @@ class CudaMemory : public DeviceMemory {
                      const Scaling& s) override;
   Status WaitForStream(Device d, uintptr_t stream) override;
   Status SignalStream(Device d, uintptr_t stream) override;
+  // Pinned staging (cudaHostAlloc, portable), pooled per (device, size class)
+  // (ops/staging_pool.h). When pinning fails the buffer is pageable (one log
+  // line on stderr) and copies from it synchronize as before.
+  Status AllocStaging(Device d, size_t bytes, void** p) override;
+  void FreeStaging(Device d, void* p) override;
+  Status StagingFence(Device d) override;
+  ~CudaMemory() override;
 
   // The core's stream on device d (created on first use).
   Status StreamFor(Device d, cudaStream_t* out);
@@ -52,6 +62,12 @@ class CudaMemory : public DeviceMemory {
   Status Get(Device d, PerDevice** out);
 
   std::map<int, std::unique_ptr<PerDevice>> devices_;
+
+  // Pinned staging buffers per (device, size class); created on first use.
+  StagingPool& Staging();
+  std::unique_ptr<StagingPool> staging_;
+  // Devices with a CopyFromHost from pinned staging possibly still in flight.
+  std::map<int, bool> staging_pending_;
 };
 
 // The operations layer's Status for a GPU layer status.

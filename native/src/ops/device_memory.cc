@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "common/reduce.h"
 
@@ -42,6 +43,17 @@ void ApplyScaling(void* buf, size_t n, DataType dt, const Scaling& s) {
   }
   Scale(buf, n, dt, s.factor);
 }
+
+Status DeviceMemory::AllocStaging(Device, size_t bytes, void** p) {
+  *p = std::malloc(bytes ? bytes : 1);
+  if (!*p)
+    return Status::Fail(ErrorCode::kPeerFailure,
+                        "out of host memory allocating a " + std::to_string(bytes) +
+                            "-byte staging buffer");
+  return Status::OK();
+}
+
+void DeviceMemory::FreeStaging(Device, void* p) { std::free(p); }
 
 Status HostMemory::Alloc(Device, size_t bytes, void** p) {
   *p = std::malloc(bytes ? bytes : 1);

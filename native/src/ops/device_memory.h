@@ -48,7 +48,8 @@ class DeviceMemory {
   virtual DeviceType type() const = 0;
   virtual Status Alloc(Device d, size_t bytes, void** p) = 0;
   virtual void Free(Device d, void* p) = 0;
-  // Synchronous: return once the bytes are in place (host staging reads them next).
+  // CopyToHost returns once the bytes are in place (host staging reads them
+  // next); CopyFromHost too, except from a staging buffer (see StagingFence).
   virtual Status CopyToHost(Device d, void* host, const void* src, size_t bytes) = 0;
   virtual Status CopyFromHost(Device d, void* dst, const void* host, size_t bytes) = 0;
   // Pack/unpack: every copy of the batch (one kernel launch on a GPU), each
@@ -64,6 +65,19 @@ class DeviceMemory {
   // Host memory has nothing to order.
   virtual Status WaitForStream(Device d, uintptr_t stream) { return Status::OK(); }
   virtual Status SignalStream(Device d, uintptr_t stream) { return Status::OK(); }
+
+  // Host memory for staging device d's tensors through a CPU transport. The
+  // default is plain host memory; CUDA hands out page-locked buffers (DMA
+  // without a bounce copy) reused per size class, and pageable memory when
+  // pinning fails. Free only what AllocStaging returned.
+  virtual Status AllocStaging(Device d, size_t bytes, void** p);
+  virtual void FreeStaging(Device d, void* p);
+  // CopyFromHost from a staging buffer may return before the device read it
+  // (pinned memory: the copy is queued on the core's stream, and the device's
+  // later work is ordered after it). Call StagingFence(d) before the host
+  // writes into a staging buffer that a CopyFromHost read: it returns once
+  // every such copy finished.
+  virtual Status StagingFence(Device d) { return Status::OK(); }
 };
 
 // CPU memory (and CUDA host memory, which the CPU addresses directly).

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "ops/operations.h"
 #ifdef SDL_HAVE_CUDA
@@ -18,11 +20,15 @@
 namespace sdl {
 
 // comm_timeout_s bounds creating an NCCL communicator (every member must join)
-// and any NCCL call still in progress past it.
+// and any NCCL call still in progress past it. hierarchical: allreduce of CUDA
+// tensors through a per-host NCCL communicator and the CPU transport across
+// hosts (SDL_HIERARCHICAL_ALLREDUCE; see ops/nccl_backend.h).
 // Only where CUDA is usable (a runtime and a device): elsewhere no CUDA tensor
 // can be valid, and one is refused at enqueue (Operations::CheckServable) instead
 // of failing the runtime when it runs.
-inline void AddGpuBackends(Operations& ops, double comm_timeout_s) {
+inline void AddGpuBackends(Operations& ops, double comm_timeout_s,
+                           bool hierarchical_allreduce = false,
+                           const std::vector<std::string>* host_of_rank = nullptr) {
 #ifdef SDL_HAVE_CUDA
   if (!gpu::QueryCuda().usable) return;
   auto memory = std::make_unique<CudaMemory>();
@@ -31,13 +37,19 @@ inline void AddGpuBackends(Operations& ops, double comm_timeout_s) {
 #ifdef SDL_HAVE_NCCL
   gpu::NcclOptions options;
   options.timeout_s = comm_timeout_s;
-  ops.AddBackend(kPriorityDevice, std::make_unique<NcclBackend>(cuda, options));
+  HierarchicalOptions hierarchical;
+  hierarchical.enabled = hierarchical_allreduce;
+  hierarchical.host_of_rank = host_of_rank;
+  ops.AddBackend(kPriorityDevice,
+                 std::make_unique<NcclBackend>(cuda, options, nullptr, hierarchical));
 #else
   (void)cuda;
 #endif
 #endif
   (void)ops;
   (void)comm_timeout_s;
+  (void)hierarchical_allreduce;
+  (void)host_of_rank;
 }
 
 }  // namespace sdl

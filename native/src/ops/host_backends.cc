@@ -37,15 +37,29 @@ Status HostTransportBackend::Reducescatter(const OpContext& ctx, const void* in,
   return Status::OK();
 }
 
-char* HostStagedBackend::Stage(std::vector<char>& buf, size_t bytes) {
-  if (buf.size() < bytes) buf.resize(bytes);
-  return buf.data();
+HostStagedBackend::~HostStagedBackend() {
+  for (Staging* b : {&in_, &out_})
+    if (b->data) memory_->FreeStaging(b->device, b->data);
+}
+
+Status HostStagedBackend::Stage(Staging& buf, Device d, size_t bytes, char** p) {
+  SDL_RETURN_IF_ERROR(memory_->StagingFence(d));
+  if (buf.capacity < bytes || !(buf.device == d) || !buf.data) {
+    if (buf.data) memory_->FreeStaging(buf.device, buf.data);
+    buf = Staging();
+    SDL_RETURN_IF_ERROR(memory_->AllocStaging(d, bytes, &buf.data));
+    buf.capacity = bytes;
+    buf.device = d;
+  }
+  *p = static_cast<char*>(buf.data);
+  return Status::OK();
 }
 
 Status HostStagedBackend::Allreduce(const OpContext& ctx, const void* in, void* out,
                                     size_t count, DataType dt, ReduceOp op) {
   const size_t bytes = count * DataTypeSize(dt);
-  char* h = Stage(in_, bytes);
+  char* h = nullptr;
+  SDL_RETURN_IF_ERROR(Stage(in_, ctx.device, bytes, &h));
   SDL_RETURN_IF_ERROR(memory_->CopyToHost(ctx.device, h, in, bytes));
   SDL_RETURN_IF_ERROR(host_->Allreduce(HostContext(ctx), h, h, count, dt, op));
   return memory_->CopyFromHost(ctx.device, out, h, bytes);
@@ -55,15 +69,17 @@ Status HostStagedBackend::Allgatherv(const OpContext& ctx, const void* in, void*
                                      const std::vector<size_t>& bytes) {
   const size_t mine = bytes[ctx.ps.my_rank];
   const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
-  char* hin = Stage(in_, mine);
-  char* hout = Stage(out_, total);
+  char *hin = nullptr, *hout = nullptr;
+  SDL_RETURN_IF_ERROR(Stage(in_, ctx.device, mine, &hin));
+  SDL_RETURN_IF_ERROR(Stage(out_, ctx.device, total, &hout));
   SDL_RETURN_IF_ERROR(memory_->CopyToHost(ctx.device, hin, in, mine));
   SDL_RETURN_IF_ERROR(host_->Allgatherv(HostContext(ctx), hin, hout, bytes));
   return memory_->CopyFromHost(ctx.device, out, hout, total);
 }
 
 Status HostStagedBackend::Broadcast(const OpContext& ctx, void* buf, size_t bytes, int root) {
-  char* h = Stage(in_, bytes);
+  char* h = nullptr;
+  SDL_RETURN_IF_ERROR(Stage(in_, ctx.device, bytes, &h));
   if (ctx.ps.my_rank == root) SDL_RETURN_IF_ERROR(memory_->CopyToHost(ctx.device, h, buf, bytes));
   SDL_RETURN_IF_ERROR(host_->Broadcast(HostContext(ctx), h, bytes, root));
   if (ctx.ps.my_rank == root) return Status::OK();
@@ -78,8 +94,9 @@ Status HostStagedBackend::Alltoallv(const OpContext& ctx, const void* in, void* 
     send += matrix[me * n + q];
     recv += matrix[q * n + me];
   }
-  char* hin = Stage(in_, send);
-  char* hout = Stage(out_, recv);
+  char *hin = nullptr, *hout = nullptr;
+  SDL_RETURN_IF_ERROR(Stage(in_, ctx.device, send, &hin));
+  SDL_RETURN_IF_ERROR(Stage(out_, ctx.device, recv, &hout));
   SDL_RETURN_IF_ERROR(memory_->CopyToHost(ctx.device, hin, in, send));
   SDL_RETURN_IF_ERROR(host_->Alltoallv(HostContext(ctx), hin, hout, matrix));
   return memory_->CopyFromHost(ctx.device, out, hout, recv);
@@ -91,8 +108,9 @@ Status HostStagedBackend::Reducescatter(const OpContext& ctx, const void* in, vo
   const size_t es = DataTypeSize(dt);
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0}) * es;
   const size_t mine = counts[ctx.ps.my_rank] * es;
-  char* hin = Stage(in_, total);
-  char* hout = Stage(out_, mine);
+  char *hin = nullptr, *hout = nullptr;
+  SDL_RETURN_IF_ERROR(Stage(in_, ctx.device, total, &hin));
+  SDL_RETURN_IF_ERROR(Stage(out_, ctx.device, mine, &hout));
   SDL_RETURN_IF_ERROR(memory_->CopyToHost(ctx.device, hin, in, total));
   SDL_RETURN_IF_ERROR(host_->Reducescatter(HostContext(ctx), hin, hout, counts, dt, op));
   return memory_->CopyFromHost(ctx.device, out, hout, mine);

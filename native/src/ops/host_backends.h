@@ -46,17 +46,26 @@ class HostStagedBackend : public OpBackend {
   Status Reducescatter(const OpContext& ctx, const void* in, void* out,
                        const std::vector<size_t>& counts, DataType dt, ReduceOp op) override;
 
+ ~HostStagedBackend() override;
+
  private:
-  // Host staging buffers, grown on demand and kept (the background thread is
-  // the only user).
-  char* Stage(std::vector<char>& buf, size_t bytes);
+  // A host staging buffer from memory_->AllocStaging (pinned for CUDA), grown
+  // on demand and kept: the background thread is its only user.
+  struct Staging {
+    void* data = nullptr;
+    size_t capacity = 0;
+    Device device;
+  };
+  // A buffer of at least `bytes` for device d in *p. Fences first: the
+  // previous collective's CopyFromHost may still read the buffer.
+  Status Stage(Staging& buf, Device d, size_t bytes, char** p);
   OpContext HostContext(const OpContext& ctx) const {
     return OpContext{ctx.ps, ctx.response, Device{DeviceType::kCPU, 0}};
   }
 
   DeviceMemory* memory_;
   OpBackend* host_;
-  std::vector<char> in_, out_;
+  Staging in_, out_;
 };
 
 }  // namespace sdl

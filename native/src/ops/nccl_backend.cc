@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <set>
 
 #include "core/process_set.h"
@@ -52,6 +54,8 @@ Status GpuIdentity(int d, std::string* out) {
 
 void NcclBackend::ReleaseSet(int32_t ps_id) {
   comms_.Erase(ps_id);
+  local_comms_.Erase(ps_id);
+  layouts_.erase(ps_id);
   for (auto it = shared_.begin(); it != shared_.end();)
     it = it->first.first == ps_id ? shared_.erase(it) : std::next(it);
 }
@@ -79,6 +83,18 @@ Status NcclBackend::SharesGpu(const OpContext& ctx, bool* shared) {
   return Status::OK();
 }
 
+void NcclBackend::AbortAll(const std::string& why) {
+  comms_.AbortAll(why);
+  local_comms_.AbortAll(why);
+}
+
+Status NcclBackend::Poll() {
+  Status s = FromGpu(comms_.CheckAsyncErrors("process set's"));
+  if (s.ok()) s = FromGpu(local_comms_.CheckAsyncErrors("per-host (hierarchical allreduce)"));
+  if (!s.ok()) AbortAll(s.message);
+  return s;
+}
+
 template <typename Fn>
 Status NcclBackend::Run(const OpContext& ctx, const char* what, Fn run) {
   ProcessSet& ps = ctx.ps;
@@ -98,6 +114,12 @@ Status NcclBackend::Run(const OpContext& ctx, const char* what, Fn run) {
     s.message = std::string(what) + " on " + DeviceName(ctx.device) + ": " + s.message;
     return s;
   }
+  return RunOn(ctx, what, comm, run);
+}
+
+template <typename Fn>
+Status NcclBackend::RunOn(const OpContext& ctx, const char* what, gpu::NcclCommunicator* comm,
+                          Fn run) {
   cudaStream_t core = nullptr;
   const gpu::Event* event = nullptr;
   SDL_RETURN_IF_ERROR(memory_->StreamFor(ctx.device, &core));
@@ -105,19 +127,102 @@ Status NcclBackend::Run(const OpContext& ctx, const char* what, Fn run) {
   gpu::DeviceGuard guard(gpu::Cuda(), ctx.device.index);
   SDL_RETURN_IF_ERROR(FromGpu(guard.status()));
   SDL_RETURN_IF_ERROR(FromGpu(comm->WaitForStream(core)));  // inputs packed / waited for
-  s = FromGpu(run(comm));
+  Status s = FromGpu(run(comm));
   if (s.ok()) s = FromGpu(comm->RecordDone(*event));
   if (s.ok()) s = FromGpu(event->MakeStreamWait(core));  // unpack after the collective
   if (s.ok()) s = FromGpu(comm->CheckAsyncError());
   if (!s.ok()) {
     // The other ranks may be inside the collective: end them (the runtime
     // fails every pending op on this error, as for a transport failure).
-    comms_.AbortAll(s.message);
+    AbortAll(s.message);
     s.message = std::string("NCCL ") + what + " on " + DeviceName(ctx.device) + " (rank " +
-                std::to_string(ps.my_rank) + " of process set " + std::to_string(ps.id) +
-                "): " + s.message;
+                std::to_string(comm->rank()) + " of " + std::to_string(comm->size()) +
+                " in its communicator, process set " + std::to_string(ctx.ps.id) + "): " +
+                s.message;
   }
   return s;
+}
+
+const HostLayout* NcclBackend::LayoutFor(const OpContext& ctx) {
+  if (!hierarchical_.enabled || !hierarchical_.host_of_rank) return nullptr;
+  auto it = layouts_.find(ctx.ps.id);
+  if (it == layouts_.end()) {
+    // From the runtime's host map: every member builds the same layout.
+    const std::vector<std::string>& hosts = *hierarchical_.host_of_rank;
+    std::vector<std::string> of_member;
+    bool known = true;
+    for (int32_t r : ctx.ps.ranks) {
+      known &= r >= 0 && static_cast<size_t>(r) < hosts.size();
+      of_member.push_back(known ? hosts[r] : std::string());
+    }
+    auto layout = std::make_unique<HostLayout>();
+    if (!known || !MakeHostLayout(of_member, ctx.ps.my_rank, layout.get())) layout.reset();
+    it = layouts_.emplace(ctx.ps.id, std::move(layout)).first;
+  }
+  return it->second.get();
+}
+
+namespace {
+
+// IntraHost over callables (the NCCL backend's per-host communicator).
+class FnIntraHost : public IntraHost {
+ public:
+  using Rs = std::function<Status(const void*, void*, const std::vector<size_t>&, DataType,
+                                  ReduceOp)>;
+  using Ag = std::function<Status(const void*, void*, const std::vector<size_t>&, DataType)>;
+  FnIntraHost(Rs rs, Ag ag) : rs_(std::move(rs)), ag_(std::move(ag)) {}
+  Status Reducescatter(const void* in, void* out, const std::vector<size_t>& counts, DataType dt,
+                       ReduceOp op) override {
+    return rs_(in, out, counts, dt, op);
+  }
+  Status Allgather(const void* in, void* out, const std::vector<size_t>& counts,
+                   DataType dt) override {
+    return ag_(in, out, counts, dt);
+  }
+
+ private:
+  Rs rs_;
+  Ag ag_;
+};
+
+}  // namespace
+
+Status NcclBackend::HierarchicalRun(const OpContext& ctx, const HostLayout& layout, const void* in,
+                                    void* out, size_t count, DataType dt, ReduceOp op) {
+  ProcessSet& ps = ctx.ps;
+  // The host's first member makes the per-host id; one allgather over the set
+  // carries every host's id, and each member keeps its own host's.
+  gpu::BroadcastFromRoot broadcast = [&ps, &layout](std::string* id) -> gpu::Status {
+    try {
+      ExchangeHostIds(*ps.comm, layout, id);
+      return gpu::Status::OK();
+    } catch (const Error& e) {
+      return gpu::Status::Error(e.code, std::string("exchanging the per-host NCCL ids: ") +
+                                            e.what());
+    }
+  };
+  gpu::NcclCommunicator* local = nullptr;
+  Status s = FromGpu(local_comms_.Get(ps.id, ctx.device.index, layout.local_rank(),
+                                      layout.local_size, broadcast, &local));
+  if (!s.ok()) {
+    s.message = "hierarchical allreduce on " + DeviceName(ctx.device) +
+                ": creating the per-host NCCL communicator: " + s.message;
+    return s;
+  }
+  FnIntraHost intra(
+      [&](const void* i, void* o, const std::vector<size_t>& counts, DataType t, ReduceOp r) {
+        return RunOn(ctx, "hierarchical reduce-scatter (per host)", local,
+                     [&](gpu::NcclCommunicator* c) {
+                       return c->Reducescatter(i, o, counts, t, r);
+                     });
+      },
+      [&](const void* i, void* o, const std::vector<size_t>& counts, DataType t) {
+        return RunOn(ctx, "hierarchical allgather (per host)", local,
+                     [&](gpu::NcclCommunicator* c) { return c->Allgather(i, o, counts, t); });
+      });
+  CommAcrossHosts across(ps.comm.get(), &layout);
+  return HierarchicalAllreduce(layout, intra, across, *memory_, scratch_, ctx.device, in, out,
+                               count, dt, op);
 }
 
 Status NcclBackend::Allreduce(const OpContext& ctx, const void* in, void* out, size_t count,
@@ -125,6 +230,8 @@ Status NcclBackend::Allreduce(const OpContext& ctx, const void* in, void* out, s
   bool shared = false;
   SDL_RETURN_IF_ERROR(SharesGpu(ctx, &shared));
   if (shared) return staged_.Allreduce(ctx, in, out, count, dt, op);
+  if (const HostLayout* layout = LayoutFor(ctx))
+    return HierarchicalRun(ctx, *layout, in, out, count, dt, op);
   return Run(ctx, "allreduce", [&](gpu::NcclCommunicator* c) {
     return c->Allreduce(in, out, count, dt, op);
   });

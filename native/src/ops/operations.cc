@@ -41,6 +41,8 @@ Operations::Operations() {
 
 Operations::~Operations() {
   for (auto& [key, buf] : fusion_) MemoryFor(std::get<0>(key))->Free(std::get<0>(key), buf.data);
+  // Backends before the memories: the staged ones return their staging buffers.
+  backends_.clear();
 }
 
 void Operations::AddBackend(int priority, std::unique_ptr<OpBackend> backend) {
@@ -127,6 +129,11 @@ Status Operations::Fusion(Device d, DataType dt, int32_t ps_id, size_t bytes, vo
     buf.capacity = bytes;
   }
   *p = buf.data;
+  return Status::OK();
+}
+
+Status Operations::Poll() {
+  for (Registered& b : backends_) SDL_RETURN_IF_ERROR(b.backend->Poll());
   return Status::OK();
 }
 

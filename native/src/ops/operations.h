@@ -63,6 +63,9 @@ class Operations {
   Status Alltoall(ProcessSet& ps, const Response& r, Entry& e, Result* res);
   Status Reducescatter(ProcessSet& ps, const Response& r, Entry& e, Result* res);
 
+  // Every backend's Poll (OpBackend::Poll); the first failure. Background thread.
+  Status Poll();
+
   // Frees the fusion buffers of a process set (removed, or the runtime ends).
   void ReleaseSet(int32_t ps_id);
   // Fusion buffers held now, as (device, dtype, set) keys (for tests).

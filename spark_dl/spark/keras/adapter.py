@@ -91,21 +91,56 @@ def make_optimizer(fw: KerasSpec, lr_factor: float = 1):
         return keras.optimizers.deserialize(config)
 
 
-def _configure_devices(use_gpu: bool, local_rank: int, local_size: int) -> str:
-    """Picks this rank's device before the backend creates any (TensorFlow: the visible
-    GPU and intra-op threads per rank); returns its name for the start-up report."""
+#: The framework check that must see a GPU, per Keras backend (for GpuNotVisibleError).
+_GPU_PROBES = {"tensorflow": "tf.config.list_physical_devices('GPU')",
+               "torch": "torch.cuda.is_available()", "jax": "jax.devices('gpu')"}
+
+
+def _gpu_count(backend: str) -> int:
+    """GPUs the Keras backend sees in this process (0 without a driver, device or GPU
+    build of the backend)."""
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return len(tf.config.list_physical_devices("GPU"))
+    if backend == "torch":
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "jax":
+        try:
+            import jax
+
+            return len(jax.devices("gpu"))
+        except RuntimeError:  # no GPU platform
+            return 0
+    return 0
+
+
+def _configure_devices(use_gpu: bool, local_rank: int, local_size: int,
+                       warn: bool = True) -> str:
+    """Picks this rank's device before the backend creates any, by the rule of
+    :func:`~spark_dl.spark.launch.task.devices.choose_gpu` (Spark's GPU for the task, the
+    local rank's with the knob, the CPU with one warning when there is none; Spark's GPU
+    that the worker cannot see is a GpuNotVisibleError). TensorFlow: only that GPU is made
+    visible, with memory growth, and CPU ranks of a host share its cores. Returns the
+    device's name for the start-up report."""
     import keras
 
-    if keras.backend.backend() == "tensorflow":
+    from spark_dl.spark.launch.task.devices import choose_gpu
+
+    backend = keras.backend.backend()
+    count = _gpu_count(backend)
+    # Outside the try below: GpuNotVisibleError is a RuntimeError and must not be taken
+    # for "devices already initialized".
+    index = choose_gpu(use_gpu, local_rank, count, warn=warn,
+                       probe=_GPU_PROBES.get(backend, "the Keras backend"))
+    if backend == "tensorflow":
         import tensorflow as tf
 
         gpus = tf.config.list_physical_devices("GPU")
         try:
-            if use_gpu and gpus:
-                from spark_dl.spark.launch.task.devices import get_available_devices
-
-                # With Spark GPU scheduling CUDA_VISIBLE_DEVICES holds only this task's GPU.
-                index = 0 if get_available_devices() else local_rank % len(gpus)
+            if index is not None:
                 tf.config.set_visible_devices([gpus[index]], "GPU")
                 tf.config.experimental.set_memory_growth(gpus[index], True)
                 return f"gpu:{index}"
@@ -118,16 +153,15 @@ def _configure_devices(use_gpu: bool, local_rank: int, local_size: int) -> str:
                     max(1, cores // local_size))
         except RuntimeError:  # devices already initialized in this process: keep them
             pass
-        return "cpu"
-    if keras.backend.backend() == "torch":
+        return "cpu" if index is None else f"gpu:{index}"
+    if backend == "torch":
         import torch
 
-        if use_gpu and torch.cuda.is_available():
-            index = local_rank % torch.cuda.device_count()
+        if index is not None:
             torch.cuda.set_device(index)
             return f"cuda:{index}"
         return "cpu"
-    return keras.backend.backend()
+    return backend if index is None else f"{backend} gpu:{index}"
 
 
 def _save_arrays(meta: dict, groups: Dict[str, List[np.ndarray]]) -> bytes:
@@ -185,7 +219,8 @@ class KerasWorker(WorkerAdapter):
 
         fw: KerasSpec = spec.framework
         self.spec, self.fw, self.sdn = spec, fw, sdn
-        self.device = _configure_devices(spec.use_gpu, local_rank, sdn.local_size())
+        self.device = _configure_devices(spec.use_gpu, local_rank, sdn.local_size(),
+                                         warn=rank == 0)
         if spec.random_seed is not None:
             keras.utils.set_random_seed(spec.random_seed + rank)
         self.model = util.model_from_bytes(fw.model_bytes, fw.custom_objects)
@@ -349,28 +384,71 @@ class _StoreSyncedCheckpoint:
 
 
 class KerasPredictor(Predictor):
-    """A Keras model from ``.keras`` bytes, applied ``batch_size`` rows at a time."""
+    """A Keras model from ``.keras`` bytes, applied ``batch_size`` rows at a time.
+
+    With ``use_gpu`` it predicts on a GPU on the executors (never on the driver, whose
+    two-row dry run only reads the output shapes): the GPU Spark assigned to the task, else
+    the task's partition index modulo the executor's GPUs, by the rule of
+    :func:`~spark_dl.spark.launch.task.devices.choose_gpu` (as ``TorchModel`` does); on
+    hosts without a GPU it stays on the CPU, silently. The model is loaded and applied
+    under ``keras.device`` of that choice.
+    """
 
     def __init__(self, model_bytes: bytes, custom_objects, feature_cols, input_specs,
-                 batch_size: int):
+                 batch_size: int, use_gpu: bool = False):
         self.model_bytes = model_bytes
         self.custom_objects = custom_objects
         self.feature_cols = list(feature_cols)
         self.input_specs = input_specs
         self.batch_size = batch_size
+        self.use_gpu = use_gpu
+        self.on_executor = False  # set by prepare(), which only the executors call
         self._model = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_model"] = None
+        state["on_executor"] = False
         return state
 
-    def prepare(self) -> None:
+    def device_name(self) -> str:
+        """The ``keras.device`` name this call predicts on (``"cpu:0"`` or ``"gpu:<i>"``);
+        asked per call, as the task's GPU may differ between the tasks of one Python worker.
+
+        Raises:
+            GpuNotVisibleError: Spark assigned the task a GPU that this process cannot see.
+        """
+        if not (self.use_gpu and self.on_executor):
+            return "cpu:0"
+        import keras
+
+        from spark_dl.spark.launch.task.devices import choose_transform_gpu
+
+        backend = keras.backend.backend()
+        index = choose_transform_gpu(True, _gpu_count(backend),
+                                     probe=_GPU_PROBES.get(backend, "the Keras backend"))
+        return "cpu:0" if index is None else f"gpu:{index}"
+
+    def _load(self, device: str) -> None:
         if self._model is None:
-            self._model = util.model_from_bytes(self.model_bytes, self.custom_objects)
+            import keras
+
+            with keras.device(device):
+                self._model = util.model_from_bytes(self.model_bytes, self.custom_objects)
+
+    def prepare(self) -> None:
+        self.on_executor = True
+        self._load(self.device_name())
 
     def predict(self, arrays):
-        self.prepare()
+        import keras
+
+        device = self.device_name()
+        self._load(device)
+        with keras.device(device):
+            return self._predict(arrays)
+
+    def _predict(self, arrays):
         x = util.feature_arrays(arrays, self.feature_cols, self.input_specs)
         rows = x[0].shape[0]
         chunks = []

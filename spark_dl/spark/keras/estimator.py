@@ -230,6 +230,7 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
             feature_columns=self.getFeatureCols(), label_columns=self.getLabelCols(),
             history=result["history"], run_id=run_id, metadata=metadata,
             batch_size=max(self.getValBatchSize() or self.getBatchSize(), 256),
+            use_gpu=self.getUseGpu(),
             prediction_kind=self.getPredictionKind() or (
                 util.prediction_kind(self.getLoss() if self.getLoss() is not None
                                      else getattr(self.getModel(), "loss", None))

@@ -63,7 +63,7 @@ class KerasModel(KerasModelParamsAccessors, ModelBase):
         model = self._keras_model()
         return KerasPredictor(util.model_to_bytes(model), self.getCustomObjects(),
                               self.getFeatureColumns(), util.input_specs(model),
-                              self.getBatchSize())
+                              self.getBatchSize(), use_gpu=self.getUseGpu())
 
     def _params_to_pickle(self, params: dict) -> dict:
         if params.get("model") is not None:

@@ -6,7 +6,7 @@ Keras takes losses and metrics by name (``"mse"``) as well as objects, so the sh
 ``loss`` and ``metrics`` rows are refined here.
 """
 
-from spark_dl.spark.common.params import SCALE_LEARNING_RATE, ParamSpec, _dict, _list
+from spark_dl.spark.common.params import SCALE_LEARNING_RATE, ParamSpec, _bool, _dict, _list
 
 __all__ = ["KERAS_PARAMS", "KERAS_MODEL_PARAMS"]
 
@@ -57,4 +57,8 @@ KERAS_PARAMS = (
 KERAS_MODEL_PARAMS = (
     ParamSpec("custom_objects", "custom layers, losses and functions by name, needed to load "
               "the model", None, _custom_objects, pickled=True),
+    ParamSpec("use_gpu", "transform() predicts on a GPU of each executor when the Keras "
+              "backend sees one there (the GPU Spark assigned to the task, else the partition "
+              "index modulo the executor's GPUs); on the CPU otherwise", True,
+              _bool("use_gpu")),
 )

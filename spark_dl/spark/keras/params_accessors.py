@@ -86,3 +86,15 @@ class KerasModelParamsAccessors:
         """Sets ``custom_objects``: custom layers, losses and functions by name, needed to load the
         model. Returns self."""
         return self._set(custom_objects=value)
+
+    def getUseGpu(self) -> Optional[bool]:
+        """Gets ``use_gpu``: transform() predicts on a GPU of each executor when the Keras backend
+        sees one there (the GPU Spark assigned to the task, else the partition index modulo the
+        executor's GPUs); on the CPU otherwise."""
+        return self.getOrDefault('use_gpu')
+
+    def setUseGpu(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``use_gpu``: transform() predicts on a GPU of each executor when the Keras backend
+        sees one there (the GPU Spark assigned to the task, else the partition index modulo the
+        executor's GPUs); on the CPU otherwise. Returns self."""
+        return self._set(use_gpu=value)

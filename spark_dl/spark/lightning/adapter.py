@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from spark_dl.spark.common.adapter import Predictor, WorkerAdapter
-from spark_dl.spark.launch.task.devices import choose_gpu
+from spark_dl.spark.launch.task.devices import choose_gpu, choose_transform_gpu
 from spark_dl.spark.lightning import util
 from spark_dl.torch import _device as tensor_device
 
@@ -342,7 +342,11 @@ class LightningWorker(WorkerAdapter):
         fw, spec = self.fw, self.spec
         from spark_dl.lightning.strategy import strategy_class
 
-        strategy = strategy_class(fw.package)(compression=fw.compression)
+        # The worker's device by the shared GPU rule (_device), not the strategy's own
+        # local-rank default: they differ when Spark's GPU is not the local rank's.
+        strategy = strategy_class(fw.package)(
+            compression=fw.compression,
+            device=self.device if self.device.type == "cuda" else None)
         out = self._output_dir()
         callbacks = list(self.callbacks)
         logger = fw.logger if fw.logger is not None else False
@@ -435,19 +439,54 @@ class LightningWorker(WorkerAdapter):
 
 class LightningPredictor(Predictor):
     """A LightningModule's ``forward`` in eval mode, without gradients, ``batch_size`` rows
-    at a time; features converted as in training (:func:`~.util.to_batch`)."""
+    at a time; features converted as in training (:func:`~.util.to_batch`).
 
-    def __init__(self, module, feature_cols, input_shapes, batch_size: int):
+    With ``use_gpu`` it predicts on a GPU on the executors (never on the driver, whose
+    two-row dry run only reads the output shapes): the GPU Spark assigned to the task, else
+    the task's partition index modulo the executor's GPUs, by the rule of
+    :func:`~spark_dl.spark.launch.task.devices.choose_gpu` (as ``TorchModel`` does); on
+    hosts without CUDA it stays on the CPU, silently.
+    """
+
+    def __init__(self, module, feature_cols, input_shapes, batch_size: int,
+                 use_gpu: bool = False):
         self.module = module
         self.feature_cols = list(feature_cols)
         self.input_shapes = input_shapes
         self.batch_size = batch_size
+        self.use_gpu = use_gpu
+        self.on_executor = False  # set by prepare(), which only the executors call
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["on_executor"] = False
+        return state
 
     def prepare(self) -> None:
         self.module.eval()
+        self.on_executor = True
+
+    def device(self) -> torch.device:
+        """Where this call predicts (asked per call: the task's GPU may differ between the
+        tasks that one Python worker runs).
+
+        Raises:
+            GpuNotVisibleError: Spark assigned the task a GPU that this process cannot see.
+        """
+        if not (self.use_gpu and self.on_executor):
+            return torch.device("cpu")
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = choose_transform_gpu(True, count)
+        if index is None:
+            return torch.device("cpu")
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
 
     def predict(self, arrays):
+        device = self.device()
         module = self.module
+        if self.on_executor:
+            module.to(device)  # the executor's own copy: a no-op once it is there
         modes = [(m, m.training) for m in module.modules()]
         module.eval()
         dtype = util.module_dtype(module)
@@ -458,7 +497,10 @@ class LightningPredictor(Predictor):
                 for start in range(0, n, self.batch_size):
                     part = {c: arrays[c][start:start + self.batch_size] for c in self.feature_cols}
                     batch = util.to_batch(part, self.feature_cols, self.input_shapes, dtype)
-                    result = module(*util.feature_inputs(batch, self.feature_cols))
+                    inputs = util.feature_inputs(batch, self.feature_cols)
+                    if device.type != "cpu":
+                        inputs = [t.to(device) for t in inputs]
+                    result = module(*inputs)
                     results = list(result) if isinstance(result, (list, tuple)) else [result]
                     outs.append([r.detach().cpu().numpy() for r in results])
         finally:

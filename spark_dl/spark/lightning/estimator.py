@@ -275,7 +275,8 @@ class LightningEstimator(LightningEstimatorParamsAccessors, EstimatorBase):
             model=module, feature_columns=self.getFeatureCols(),
             label_columns=self.getLabelCols(), history=history, run_id=run_id,
             input_shapes=framework.input_shapes, metadata=metadata,
-            batch_size=max(self.getValBatchSize() or self.getBatchSize(), 256))
+            batch_size=max(self.getValBatchSize() or self.getBatchSize(), 256),
+            use_gpu=self.getUseGpu())
 
 
 def _nan(x) -> bool:

@@ -51,7 +51,7 @@ class LightningModel(LightningModelParamsAccessors, ModelBase):
             raise ValueError("this LightningModel has no model: setModel(lightning_module) "
                              "first")
         return LightningPredictor(model, self.getFeatureColumns(), self.getInputShapes(),
-                                  self.getBatchSize())
+                                  self.getBatchSize(), use_gpu=self.getUseGpu())
 
 
 LightningModel.__init__.__signature__ = params_signature(

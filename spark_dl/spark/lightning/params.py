@@ -7,7 +7,7 @@ Names follow ``horovod.spark.lightning.LightningEstimator``. The shared ``model`
 ``LightningModule``; ``optimizer`` and ``loss`` are optional (see docs/lightning.md).
 """
 
-from spark_dl.spark.common.params import ParamSpec, _dict, _int, _shapes
+from spark_dl.spark.common.params import ParamSpec, _bool, _dict, _int, _shapes
 
 __all__ = ["LIGHTNING_PARAMS", "LIGHTNING_MODEL_PARAMS", "RESERVED_TRAINER_ARGS"]
 
@@ -58,4 +58,8 @@ LIGHTNING_PARAMS = (
 LIGHTNING_MODEL_PARAMS = (
     ParamSpec("input_shapes", "shape each feature column's tensor gets before forward()",
               None, _shapes("input_shapes")),
+    ParamSpec("use_gpu", "transform() predicts on a GPU of each executor when CUDA is "
+              "available there (the GPU Spark assigned to the task, else the partition "
+              "index modulo the executor's GPUs); on the CPU otherwise", True,
+              _bool("use_gpu")),
 )

@@ -99,3 +99,15 @@ class LightningModelParamsAccessors:
         """Sets ``input_shapes``: shape each feature column's tensor gets before forward(). Returns
         self."""
         return self._set(input_shapes=value)
+
+    def getUseGpu(self) -> Optional[bool]:
+        """Gets ``use_gpu``: transform() predicts on a GPU of each executor when CUDA is available
+        there (the GPU Spark assigned to the task, else the partition index modulo the executor's
+        GPUs); on the CPU otherwise."""
+        return self.getOrDefault('use_gpu')
+
+    def setUseGpu(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``use_gpu``: transform() predicts on a GPU of each executor when CUDA is available
+        there (the GPU Spark assigned to the task, else the partition index modulo the executor's
+        GPUs); on the CPU otherwise. Returns self."""
+        return self._set(use_gpu=value)

@@ -39,7 +39,8 @@ from spark_dl.config import knobs
 from spark_dl.spark.launch.task.environment import AVAILABLE_DEVICES_VAR
 
 __all__ = ["get_available_devices", "use_local_rank_gpu_index", "choose_gpu",
-           "GpuNotVisibleError", "GpuFallbackWarning", "LOCAL_RANK_GPU_KNOB"]
+           "choose_transform_gpu", "GpuNotVisibleError", "GpuFallbackWarning",
+           "LOCAL_RANK_GPU_KNOB"]
 
 #: The knob (``SDL_SPARK_USE_LOCAL_RANK_GPU_INDEX``) that picks the local rank's GPU.
 LOCAL_RANK_GPU_KNOB = "spark_use_local_rank_gpu_index"
@@ -100,7 +101,8 @@ def _ordinal(address: str, device_count: int, environ: Mapping[str, str]) -> int
 
 def choose_gpu(use_gpu: bool, local_rank: int, device_count: int,
                environ: Optional[Mapping[str, str]] = None, warn: bool = True,
-               what: str = "training") -> Optional[int]:
+               what: str = "training",
+               probe: str = "torch.cuda.is_available()") -> Optional[int]:
     """The CUDA ordinal this worker uses, or None for the CPU (rules: the module doc).
 
     Args:
@@ -112,6 +114,8 @@ def choose_gpu(use_gpu: bool, local_rank: int, device_count: int,
         warn: give the :class:`GpuFallbackWarning` (once per process) when falling back
             to the CPU; callers pass False on all but one worker of a host.
         what: what runs, for the messages (``"training"``, ``"transform"``).
+        probe: the framework's own check that must see the GPU, for the error message
+            (``tf.config.list_physical_devices('GPU')`` for Keras on TensorFlow).
 
     Raises:
         GpuNotVisibleError: Spark assigned GPUs to this task that the worker cannot use.
@@ -128,8 +132,8 @@ def choose_gpu(use_gpu: bool, local_rank: int, device_count: int,
                 f"Spark assigned GPU(s) {','.join(assigned)} to this task (spark.task."
                 f"resource.gpu.amount), but the worker sees no CUDA device "
                 f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): "
-                "check the executor's NVIDIA driver and the framework's CUDA build (torch."
-                "cuda.is_available() must be True there), and the GPU discovery script; or "
+                f"check the executor's NVIDIA driver and the framework's CUDA build ({probe} "
+                "must find the GPU there), and the GPU discovery script; or "
                 f"run {what} on the CPU with use_gpu=False and no GPU resource request")
         if warn and not _warned.is_set():
             _warned.set()
@@ -143,3 +147,33 @@ def choose_gpu(use_gpu: bool, local_rank: int, device_count: int,
     if local or not assigned:
         return local_rank % device_count
     return _ordinal(assigned[0], device_count, environ)
+
+
+def choose_transform_gpu(use_gpu: bool, device_count: int, what: str = "transform",
+                         probe: str = "torch.cuda.is_available()") -> Optional[int]:
+    """:func:`choose_gpu` for a ``transform`` task on an executor: Spark's GPU for this
+    task (``TaskContext.resources()["gpu"]``), else the task's partition index modulo the
+    executor's GPUs, else the CPU, silently (transform has no worker to warn from once).
+
+    Outside a Spark task (the driver) it reads the process environment as it is.
+
+    Raises:
+        GpuNotVisibleError: Spark assigned the task a GPU that this process cannot see.
+    """
+    environ = dict(os.environ)
+    local_rank = 0
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+    except ImportError:
+        ctx = None
+    if ctx is not None:
+        local_rank = ctx.partitionId()
+        try:
+            gpu = ctx.resources().get("gpu")
+        except Exception:  # resources() is missing in very old pyspark versions
+            gpu = None
+        environ[AVAILABLE_DEVICES_VAR] = ",".join(gpu.addresses) if gpu else ""
+    return choose_gpu(use_gpu, local_rank, device_count, environ, warn=False, what=what,
+                      probe=probe)
