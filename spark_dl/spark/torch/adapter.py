@@ -14,7 +14,6 @@ the driver's dry run, on the workers and in ``transform`` alike.
 
 import dataclasses
 import io
-import os
 import threading
 from typing import Any, Dict, List, Optional
 
@@ -22,8 +21,7 @@ import numpy as np
 import torch
 
 from spark_dl.spark.common.adapter import Predictor, WorkerAdapter
-from spark_dl.spark.launch.task.devices import choose_gpu
-from spark_dl.spark.launch.task.environment import AVAILABLE_DEVICES_VAR
+from spark_dl.spark.launch.task.devices import choose_gpu, choose_transform_gpu
 from spark_dl.spark.torch import util
 from spark_dl.torch import _device as tensor_device
 
@@ -302,19 +300,11 @@ class TorchPredictor(Predictor):
         Python worker runs, so it is asked per call)."""
         if not (self.use_gpu and self.on_executor):
             return torch.device("cpu")
-        from pyspark import TaskContext
-
-        environ = dict(os.environ)
-        ctx = TaskContext.get()
-        local_rank = 0
-        if ctx is not None:
-            local_rank = ctx.partitionId()
-            try:
-                gpu = ctx.resources().get("gpu")
-            except Exception:  # resources() is missing in very old pyspark versions
-                gpu = None
-            environ[AVAILABLE_DEVICES_VAR] = ",".join(gpu.addresses) if gpu else ""
-        return _device(True, local_rank, warn=False, what="transform", environ=environ)
+        index = choose_transform_gpu(True, cuda_device_count())
+        if index is None:
+            return torch.device("cpu")
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
 
     def predict(self, arrays):
         device = self.device()
