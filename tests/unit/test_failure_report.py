@@ -31,13 +31,14 @@ def _error(client, rank, exc_type, text):
 
 
 def _outcome(num_proc, post):
-    """Runs ``post(client)`` against a driver service; returns (failures, finished)."""
+    """Runs ``post(client)`` (or ``post(client, driver)``) against a driver service;
+    returns (failures, finished ranks, seconds waited for the outcome)."""
     driver = DriverService(SECRET, num_proc, b"", ["127.0.0.1"], lambda s, d: None)
     driver.start()
     try:
         driver.set_ranks({i: i for i in range(num_proc)})
         with ServiceClient("driver", SECRET, driver.server.endpoints) as client:
-            post(client)
+            post(client) if post.__code__.co_argcount == 1 else post(client, driver)
         start = time.monotonic()
         failures = driver.wait_for_outcome(lambda: None, settle_s=0.3,
                                            consequence_settle_s=20.0)
@@ -136,3 +137,22 @@ def test_a_lost_ranks_own_consequence_does_not_blame_itself():
     assert "rank 0 had also reported: PeerFailureError: rank 1 exited" in message
     assert lines == ["rank 0 was lost: its Spark task 0 disappeared",
                      "rank 0 had also reported: PeerFailureError: rank 1 exited"]
+
+
+def test_a_lost_task_waits_for_the_exit_that_explains_it():
+    # MPI: mpirun's task can vanish before the killed rank's exit is reported (seconds
+    # later on a loaded machine); the exit, reported after the normal settle time, is the
+    # root cause, and the lost rank comes after it.
+    def post(client, driver):
+        import threading
+
+        with driver._cond:
+            driver._exits[0] = -1
+            driver._fail(Failure(1, "rank 0 was lost: its Spark task 0 disappeared", rank=0,
+                                 lost=True))
+        threading.Timer(1.0, lambda: driver._worker_exit(1, 1, 137)).start()
+
+    failures, _, waited = _outcome(2, post)
+    assert [(f.rank, f.lost) for f in failures] == [(1, False), (0, True)], failures
+    assert "rank 1 ended with exit code 137 (signal 9, SIGKILL)" in failures[0].summary
+    assert 0.9 < waited < 10, waited

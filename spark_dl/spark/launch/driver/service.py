@@ -44,8 +44,9 @@ CONSEQUENCE_PRIORITY = 3
 # After the first failure, wait this long for the other ranks' reports, so the root
 # cause (e.g. a killed rank) wins over its consequences (peers that lost it).
 SETTLE_S = 1.0
-# While the only failures are consequences, wait up to this long for their cause: on MPI
-# a killed rank is known only once mpirun has stopped the job (about 1-2 s later).
+# While the only failures are consequences or lost tasks, wait up to this long for their
+# cause: on MPI a killed rank is known only once mpirun has stopped the job (about 1-2 s
+# later, more on a loaded machine), and the task hosting mpirun may vanish before that.
 CONSEQUENCE_SETTLE_S = 6.0
 # Largest payload per method, checked on the authenticated header before the body is
 # read (other methods: the service's default, 64 KiB). A result is the function's pickled
@@ -90,6 +91,10 @@ class Failure:
     # For an exception: "ShutdownError: spark_dl has been shut down" (its type's name
     # and message, without the "rank N raised" of the summary).
     detail: Optional[str] = None
+    # A rank whose task vanished without reporting the worker's end: the truth, but often
+    # the echo of another rank's failure (mpirun tearing the job down after one rank was
+    # killed), whose own report may still be on its way.
+    lost: bool = False
 
     @property
     def consequence(self) -> bool:
@@ -97,6 +102,12 @@ class Failure:
         finished first (:data:`CONSEQUENCES`): never the root cause of a job's failure
         while another failure is known."""
         return self.priority == CONSEQUENCE_PRIORITY
+
+    @property
+    def inconclusive(self) -> bool:
+        """A consequence or a lost task: the outcome waits longer for a more specific
+        cause (:data:`CONSEQUENCE_SETTLE_S`), which then comes first."""
+        return self.consequence or self.lost
 
 
 def describe_exit(code: int) -> str:
@@ -234,7 +245,7 @@ class DriverService:
             self._fail(Failure(1, f"rank {rank} was lost: its Spark task {index}{where} "
                                   "disappeared without reporting the worker's end (its "
                                   "executor was lost or the task was killed; see the Spark "
-                                  "executor logs)", rank=rank))
+                                  "executor logs)", rank=rank, lost=True))
 
     def _get_code(self, rank: int) -> dict:
         self._check_rank(rank)
@@ -384,7 +395,8 @@ class DriverService:
                 self._check_lost()
                 if self._failures:
                     only_consequences = all(f.consequence for f in self._failures)
-                    wait = consequence_settle_s if only_consequences else settle_s
+                    inconclusive = all(f.inconclusive for f in self._failures)
+                    wait = consequence_settle_s if inconclusive else settle_s
                     settled = time.monotonic() >= self._failures[0].at + wait
                     accounted = all(r in self._exits for r in range(self.num_proc))
                     # Every rank posted its result or its exception: no cause is still
@@ -393,7 +405,8 @@ class DriverService:
                     reported = only_consequences and all(
                         r in self._results or r in self._errors for r in range(self.num_proc))
                     if settled or accounted or reported:
-                        return sorted(self._failures, key=lambda f: (f.priority, f.at))
+                        return sorted(self._failures,
+                                      key=lambda f: (f.priority, f.lost, f.at))
                 elif len(self._results) == self.num_proc:
                     return []
                 else:
