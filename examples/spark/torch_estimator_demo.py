@@ -12,6 +12,7 @@ predictions equal the returned torch module applied locally.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -40,6 +41,9 @@ def main():
     parser.add_argument("--num-proc", type=int, default=2)
     parser.add_argument("--rows", type=int, default=4000)
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--timings", action="store_true",
+                        help="print the fit's start-up phases as one JSON line "
+                             "(benchmarks/demo.py reads it)")
     args = parser.parse_args()
 
     builder = SparkSession.builder.appName("spark_dl TorchEstimator demo") \
@@ -69,6 +73,9 @@ def main():
         start = time.time()
         torch_model = estimator.fit(df)          # store=None: a temporary LocalStore
         history = torch_model.getHistory()
+        if args.timings:
+            print("timings: " + json.dumps({k: v for k, v in torch_model.timings.items()
+                                            if k != "epoch_s"}))
         print(f"fit: {time.time() - start:.1f}s, val_loss {history['val_loss'][0]:.3f} -> "
               f"{history['val_loss'][-1]:.3f}")
 
