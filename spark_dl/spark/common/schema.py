@@ -271,7 +271,7 @@ class _VectorStats:
         for rb in batches:
             for name in self.names:
                 arr = rb.column(name)
-                if arr.null_count:  # nulls are reported by the SQL pass
+                if arr.null_count:  # nulls are counted by the write pass (DataStats)
                     arr = arr.filter(arr.is_valid())
                 kind = np.asarray(arr.field("type"))
                 values = arr.field("values")

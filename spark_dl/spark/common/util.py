@@ -92,7 +92,7 @@ def prepare_data(num_processes: int, store: Store, df,
         cache: the :class:`~spark_dl.spark.common.cache.TrainingDataCache` to use (default:
             this module's ``training_cache``).
         allow_nonfinite: keep NaN and infinite values in float columns (by default they
-            are an error naming the column, counted in the same aggregation as nulls).
+            are an error naming the column, counted in the same pass as nulls).
 
     Returns:
         The dataset index (a :class:`DatasetIndex`, a ``str``): pass it to
