@@ -35,6 +35,12 @@
 namespace sdl {
 namespace {
 
+// How long the background thread, woken by new work, leaves a caller to come
+// and run the cycle itself (WaitForWork). Long enough for a caller to get from
+// its enqueue to its wait through a few Python frames on a busy core; short
+// against a training step.
+constexpr double kInlineGraceMs = 0.2;
+
 double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -91,9 +97,19 @@ bool Runtime::WaitForWork(bool busy, bool everywhere) {
                       [&] { return work_ || !standing_down(); });
     return false;
   }
-  wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(wait_ms),
-                    [this] { return work_; });
+  const bool woken = wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(wait_ms),
+                                      [this] { return work_; });
   work_ = false;
+  if (woken && inline_ok_ && cfg.inline_cycles && !shutdown_requested_.load()) {
+    // New work: the caller that enqueued it usually waits for it a moment
+    // later and then runs the cycle itself. Give it kInlineGraceMs to get
+    // there before taking the cycle: otherwise this thread, scheduled on the
+    // other core while the caller is still in Python, wins the cycle lock and
+    // the caller sleeps through the hand-off inline cycles exist to avoid.
+    // Operations nobody waits on start that much later.
+    wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(kInlineGraceMs),
+                      [&] { return standing_down() || shutdown_requested_.load(); });
+  }
   return !standing_down();
 }
 
@@ -192,12 +208,14 @@ bool Runtime::WaitRange(int64_t first, int64_t n, double timeout_s) {
     // Read before trying the lock: a kick after this wakes the sleep below.
     const uint64_t kick = handles_.kicks();
     if (handles_.WaitRange(first, n, 0.0)) return true;
-    bool ran = false, ended = false;
+    bool ran = false, ended = false, progress = false;
     {
       std::unique_lock<std::mutex> lk(cycle_mu_, std::try_to_lock);
       if (lk.owns_lock()) {
         if (!ended_) {
+          const int64_t finished = counters_.tensors.load();
           RunCycleLocked();
+          progress = counters_.tensors.load() != finished;
           counters_.inline_cycles++;
           ran = true;
           ended = ended_;
@@ -209,6 +227,16 @@ bool Runtime::WaitRange(int64_t first, int64_t n, double timeout_s) {
       // After an ending the background thread fails what is left.
       if (ended) WakeBackground(true);
       if (timeout_s >= 0 && left_s() <= 0) return handles_.WaitRange(first, n, 0.0);
+      // A cycle that finished nothing (the peers have not submitted these
+      // tensors yet) is not repeated at once: the next one waits as long as
+      // the background thread's busy pacing, so that two ranks whose callers
+      // both wait do not run empty cycles back to back and starve the cores.
+      // The first cycle of a wait is never delayed.
+      if (!progress && !ended) {
+        double pace_s = std::min(config().cycle_time_ms, 0.1) / 1000.0;
+        if (timeout_s >= 0) pace_s = std::min(pace_s, left_s());
+        if (handles_.WaitRange(first, n, pace_s)) return true;
+      }
       continue;
     }
     // Another thread runs a cycle (or the runtime ended): sleep until the
