@@ -13,6 +13,10 @@ One step reduces --tensors float32 tensors of --elements elements (default 200 x
   spark_dl batched   spark_dl.torch.grouped_allreduce_async_ of the step's tensors (torch
                      views of the same arrays): one call enqueues all, one handle waits
                      for all (what DistributedOptimizer does with the gradients of a step).
+  spark_dl batched, inline cycles off
+                     the same after set_knob("inline_cycles", False): the background thread
+                     runs every cycle and wakes the waiting caller (the hand-off that
+                     inline cycles remove), in the same job for a same-job ratio.
   spark_dl unfused   the per-tensor loop after set_knob("fusion_threshold", 0).
   torch per-tensor   dist.all_reduce on each tensor in turn (gloo backend).
   torch one bucket   torch.cat into one flat tensor, one all_reduce, results copied back
@@ -29,10 +33,11 @@ import time
 import _harness as H
 
 DEFAULT_PEERS = ("spark_dl", "spark_dl_gloo", "torch")
-VARIANTS = {"spark_dl": ("fused", "batched", "unfused"),
-            "spark_dl_gloo": ("fused", "batched", "unfused"),
+VARIANTS = {"spark_dl": ("fused", "batched", "batched_bg", "unfused"),
+            "spark_dl_gloo": ("fused", "batched", "batched_bg", "unfused"),
             "torch": ("per_tensor", "bucket")}
-VARIANT_LABELS = {"fused": "fused", "batched": "batched", "unfused": "unfused",
+VARIANT_LABELS = {"fused": "fused", "batched": "batched",
+                  "batched_bg": "batched, inline cycles off", "unfused": "unfused",
                   "per_tensor": "per-tensor", "bucket": "one bucket"}
 COUNTERS = ("collectives", "cycles", "fused_tensors", "cache_hits", "full_negotiations")
 
@@ -59,14 +64,18 @@ def spark_dl_steps(backend, tensors):
     def batched():
         sdl_torch.grouped_allreduce_async_(views, name="grads", op=op).wait()
 
-    def with_threshold(value, fn):
+    default_inline = knobs.value("inline_cycles")
+
+    def with_threshold(value, fn, inline=None):
         def select():
             sdl.set_knob("fusion_threshold", value)
+            sdl.set_knob("inline_cycles", default_inline if inline is None else inline)
             return fn
         return select
 
     return {"fused": with_threshold(default_threshold, step),
             "batched": with_threshold(default_threshold, batched),
+            "batched_bg": with_threshold(default_threshold, batched, inline=False),
             "unfused": with_threshold(0, step)}
 
 
@@ -168,6 +177,9 @@ def driver(args):
                 + f"; {speedup:.1f}x faster than unfused"
                 + (f" (target >= 3x -> {'met' if speedup >= 3 else 'NOT met'})"
                    if p == "spark_dl" else ""))
+        if (p, "batched_bg") in med:
+            gain = med[(p, "batched_bg")] / med[(p, "batched")]
+            line += f"; batched with inline cycles {gain:.2f}x faster than without (same job)"
         if ("torch", "bucket") in med:
             tb = med[("torch", "bucket")] / med[(p, best)]
             line += (f"; {tb:.2f}x torch one bucket (target >= {want:g}x -> "

@@ -15,6 +15,9 @@ spark_dl          ``DistributedOptimizer`` as Horovod users write it: one allred
 spark_dl_grouped  ``DistributedOptimizer(groups=1)``: every gradient in one grouped
                   allreduce, started when the last gradient is ready (DDP's single
                   bucket, for this model)
+spark_dl_bg       the first with ``set_knob("inline_cycles", False)`` while it runs: the
+                  background thread runs every cycle (the same-job before/after of
+                  issue 18's inline cycles)
 ddp               ``DistributedDataParallel`` over the gloo process group (TCP loopback)
 local             no communication at all: every rank trains alone (the compute-only
                   ceiling under the same CPU contention)
@@ -47,11 +50,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 RESULT_MARK = "SDL_TORCH_BENCH "
-PEERS = ("spark_dl", "spark_dl_grouped", "ddp", "local")
+PEERS = ("spark_dl", "spark_dl_grouped", "spark_dl_bg", "ddp", "local")
 LABELS = {"spark_dl": "spark_dl DistributedOptimizer", "ddp": "torch DDP (gloo)",
           "spark_dl_grouped": "spark_dl DistributedOptimizer(groups=1)",
+          "spark_dl_bg": "spark_dl DistributedOptimizer, inline cycles off",
           "local": "no communication (ceiling)"}
-SPARK_DL_PEERS = ("spark_dl", "spark_dl_grouped")
+SPARK_DL_PEERS = ("spark_dl", "spark_dl_grouped", "spark_dl_bg")
 PARKED_CYCLE_MS = 1000.0
 
 
@@ -80,6 +84,10 @@ def _setups(args, hvd):
     out["spark_dl_grouped"] = (m, hvd.DistributedOptimizer(
         sgd(m.parameters()), compression=compression, groups=1,
         named_parameters=[("grouped." + n, q) for n, q in m.named_parameters()]))
+    m = model()  # the first peer's setup with inline_cycles off while it runs (see run())
+    out["spark_dl_bg"] = (m, hvd.DistributedOptimizer(
+        sgd(m.parameters()), compression=compression,
+        named_parameters=[("bg." + n, q) for n, q in m.named_parameters()]))
     ddp = DistributedDataParallel(model())
     out["ddp"] = (ddp, sgd(ddp.parameters()))
     m = model()
@@ -107,9 +115,11 @@ def worker(args):
     data = torch.randn(args.batch_size, 3, 32, 32, generator=g)
     target = torch.randint(0, 10, (args.batch_size,), generator=g)
     default_cycle = knob_value("cycle_time_ms")
+    default_inline = knob_value("inline_cycles")
 
     def run(peer, steps):
         set_knob("cycle_time_ms", default_cycle if peer in SPARK_DL_PEERS else PARKED_CYCLE_MS)
+        set_knob("inline_cycles", default_inline and peer != "spark_dl_bg")
         dist.barrier()  # start together (gloo: leaves spark_dl's thread alone)
         model, opt = setups[peer]
         t0 = time.perf_counter()

@@ -41,6 +41,32 @@ std::vector<std::string> Comm::AllgatherBytes(const std::string& mine) {
   return out;
 }
 
+std::vector<std::string> Comm::GatherBytes(const std::string& mine, int root) {
+  const int n = size(), me = rank();
+  uint64_t my_size = mine.size();
+  std::vector<uint64_t> sizes(n, 0);
+  if (!Gatherv(&my_size, sizes.data(), std::vector<size_t>(n, sizeof(uint64_t)), root)) {
+    std::vector<std::string> all = AllgatherBytes(mine);
+    if (me != root) all.clear();
+    return all;
+  }
+  std::vector<size_t> bytes(n, 0);
+  if (me == root) bytes.assign(sizes.begin(), sizes.end());
+  bytes[me] = mine.size();
+  size_t total = me == root ? std::accumulate(bytes.begin(), bytes.end(), size_t{0}) : 0;
+  std::string all(total, '\0');
+  Gatherv(mine.data(), me == root ? all.data() : nullptr, bytes, root);
+  std::vector<std::string> out;
+  if (me != root) return out;
+  out.resize(n);
+  size_t off = 0;
+  for (int r = 0; r < n; ++r) {
+    out[r] = all.substr(off, bytes[r]);
+    off += bytes[r];
+  }
+  return out;
+}
+
 void Comm::BroadcastBytes(std::string* msg, int root) {
   uint64_t n = msg->size();
   Broadcast(&n, sizeof n, root);

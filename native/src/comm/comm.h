@@ -43,9 +43,24 @@ class Comm {
   virtual void Reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
                              DataType dt, ReduceOp op);
 
+  // Rank r contributes bytes[r] bytes from in; root's out receives every
+  // rank's bytes concatenated in rank order. Root must pass every rank's true
+  // size; the others need only their own entry right (they may not know the
+  // rest) and their out is unused (may be null). Returns false without
+  // communicating when the transport has no gather (then every member does,
+  // the transport being the same on all of them).
+  virtual bool Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) {
+    return false;
+  }
+
   // Variable-size byte exchange used by negotiation: every rank gets every
   // rank's message.
   std::vector<std::string> AllgatherBytes(const std::string& mine);
+  // The same towards root only: root gets every rank's message in rank order,
+  // the others an empty vector. Root receives what allgather delivers to
+  // everybody, while each other rank only sends its own message (on Gloo
+  // in one exchange round instead of a ring of size - 1 steps).
+  virtual std::vector<std::string> GatherBytes(const std::string& mine, int root);
   void BroadcastBytes(std::string* msg, int root);
 };
 
@@ -57,6 +72,10 @@ class SelfComm : public Comm {
   const char* kind() const override { return "self"; }
   void Allreduce(void*, size_t, DataType, ReduceOp) override {}
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
+  bool Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int) override {
+    Allgatherv(in, out, bytes);
+    return true;
+  }
   void Broadcast(void*, size_t, int) override {}
   void Alltoallv(const void* in, void* out, const std::vector<size_t>& matrix) override;
   void Barrier() override {}

@@ -40,6 +40,12 @@ class HierarchicalComm : public Comm {
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override {
     flat_->Allgatherv(in, out, bytes);
   }
+  bool Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) override {
+    return flat_->Gatherv(in, out, bytes, root);
+  }
+  std::vector<std::string> GatherBytes(const std::string& mine, int root) override {
+    return flat_->GatherBytes(mine, root);
+  }
   void Broadcast(void* buf, size_t bytes, int root) override { flat_->Broadcast(buf, bytes, root); }
   void Alltoallv(const void* in, void* out, const std::vector<size_t>& matrix) override {
     flat_->Alltoallv(in, out, matrix);

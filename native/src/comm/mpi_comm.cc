@@ -150,6 +150,17 @@ void MpiComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
   }
 }
 
+bool MpiComm::Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) {
+  std::vector<int> counts = Ints(bytes, "gather"), displs(size_, 0);
+  for (int q = 1; q < size_; ++q) displs[q] = displs[q - 1] + counts[q - 1];
+  static char empty[8];
+  // Only root's counts and displacements are read (MPI's rule), as only root knows them all.
+  Check(MPI_Gatherv(in ? in : empty, counts[rank_], MPI_BYTE, out ? out : empty, counts.data(),
+                    displs.data(), MPI_BYTE, root, comm_),
+        "gather");
+  return true;
+}
+
 void MpiComm::Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
   std::vector<int> counts = Ints(bytes, "allgather"), displs(size_, 0);
   for (int q = 1; q < size_; ++q) displs[q] = displs[q - 1] + counts[q - 1];

@@ -36,6 +36,7 @@ class MpiComm : public Comm {
 
   void Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) override;
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
+  bool Gatherv(const void* in, void* out, const std::vector<size_t>& bytes, int root) override;
   void Broadcast(void* buf, size_t bytes, int root) override;
   void Alltoallv(const void* in, void* out, const std::vector<size_t>& matrix) override;
   void Barrier() override;

@@ -397,6 +397,52 @@ void ShmComm::Allgatherv(const void* in, void* out, const std::vector<size_t>& b
   }
 }
 
+// One round when every message fits a staging half (negotiation's lists do):
+// each member stages its size and message, and after the sync root copies
+// them out. Every member reads the others' size words (shared memory, a few
+// loads) so that all agree on how many more rounds longer messages need.
+// Staging halves alternate by round and every round syncs all members, so a
+// half is never rewritten before root has read it (as in Allgatherv).
+std::vector<std::string> ShmComm::GatherBytes(const std::string& mine, int root) {
+  constexpr size_t kHead = sizeof(uint64_t);
+  const size_t first = half_bytes_ - kHead;  // message bytes staged in the first round
+  const uint64_t my_size = mine.size();
+  char* stage = half(rank_, round_);
+  std::memcpy(stage, &my_size, kHead);
+  if (rank_ != root && my_size) std::memcpy(stage + kHead, mine.data(), std::min<size_t>(first, my_size));
+  Sync();
+  std::vector<size_t> sizes(size_);
+  for (int q = 0; q < size_; ++q) {
+    uint64_t s = 0;
+    std::memcpy(&s, half(q, round_), kHead);
+    sizes[q] = s;
+  }
+  std::vector<std::string> out;
+  if (rank_ == root) {
+    out.resize(size_);
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) {
+        out[q] = mine;
+        continue;
+      }
+      out[q].resize(sizes[q]);
+      if (sizes[q]) std::memcpy(out[q].data(), half(q, round_) + kHead, std::min(first, sizes[q]));
+    }
+  }
+  ++round_;
+  const size_t longest = *std::max_element(sizes.begin(), sizes.end());
+  for (size_t off = first; off < longest; off += half_bytes_) {
+    auto piece = [&](int q) { return sizes[q] > off ? std::min(half_bytes_, sizes[q] - off) : 0; };
+    if (rank_ != root && piece(rank_)) std::memcpy(half(rank_, round_), mine.data() + off, piece(rank_));
+    Sync();
+    if (rank_ == root)
+      for (int q = 0; q < size_; ++q)
+        if (q != rank_ && piece(q)) std::memcpy(out[q].data() + off, half(q, round_), piece(q));
+    ++round_;
+  }
+  return out;
+}
+
 void ShmComm::Broadcast(void* buf, size_t bytes, int root) {
   char* data = static_cast<char*>(buf);
   for (size_t off = 0; off < bytes; off += half_bytes_) {

@@ -103,7 +103,8 @@ void Controller::Negotiate(ProcessSet& ps, const Config& cfg) {
     it->second.sent = true;
     send.push_back(it->second.req);
   }
-  std::vector<std::string> all = ps.comm->AllgatherBytes(EncodeRequests(send, ps.joined, false));
+  // Only the coordinator reads the lists: a gather, not an allgather.
+  std::vector<std::string> all = ps.comm->GatherBytes(EncodeRequests(send, ps.joined, false), 0);
   std::string out;
   if (ps.my_rank == 0) {
     for (int q = 0; q < ps.size(); ++q) {

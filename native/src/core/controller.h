@@ -9,7 +9,9 @@
 //     different cycles). Slots set on every member run at once from the cache: no
 //     further messages;
 //  b) if any flag asks for it, every member sends the requests it has not sent
-//     yet to the coordinator (member 0) as one allgather of encoded request lists;
+//     yet to the coordinator (member 0), one gather of encoded request lists
+//     (only the coordinator reads them: it receives n - 1 lists, the others
+//     send one each, instead of every member receiving every list);
 //  c) the coordinator adds them to its table; a name is ready when every member
 //     asked for it (joined members count as ready for allreduce);
 //  d) ready names are validated across members (op, device, dtype, shape,
@@ -23,7 +25,8 @@
 // keeps those ranks so that errors on the other ranks can name them.
 //
 // Transports provide only the primitives this needs (Comm::Allreduce with
-// kBitAnd, AllgatherBytes, BroadcastBytes); the executor runs the responses.
+// kBitAnd, GatherBytes, BroadcastBytes, and AllgatherBytes for the stop);
+// the executor runs the responses.
 #pragma once
 
 #include <functional>

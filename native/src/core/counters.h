@@ -8,6 +8,7 @@ namespace sdl {
 
 struct Counters {
   std::atomic<int64_t> cycles{0};            // negotiation cycles (all sets)
+  std::atomic<int64_t> inline_cycles{0};     // rounds of cycles a waiting caller ran itself
   std::atomic<int64_t> full_negotiations{0};  // cycles that exchanged request lists
   std::atomic<int64_t> cache_hits{0};        // tensors run straight from the response cache
   std::atomic<int64_t> negotiated{0};        // tensors run after full negotiation

@@ -176,7 +176,20 @@ bool HandleTable::Poll(int64_t h) {
   return it->second.done;
 }
 
-bool HandleTable::WaitRange(int64_t first, int64_t n, double timeout_s) {
+uint64_t HandleTable::kicks() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return kicks_;
+}
+
+void HandleTable::Kick() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++kicks_;
+  }
+  cv_.notify_all();
+}
+
+bool HandleTable::WaitRange(int64_t first, int64_t n, double timeout_s, const uint64_t* kick) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(timeout_s < 0 ? 0 : timeout_s));
@@ -188,19 +201,21 @@ bool HandleTable::WaitRange(int64_t first, int64_t n, double timeout_s) {
     if (it == states_.end())
       throw Error(ErrorCode::kInvalidArgument, "unknown handle " + std::to_string(h));
     if (it->second.done) continue;
+    if (kick && kicks_ != *kick) return false;
     it->second.waited = true;
     // Looked up again at every wake-up: another thread may have taken it meanwhile.
     auto done = [&] {
       auto found = states_.find(h);
       if (found == states_.end())
         throw Error(ErrorCode::kInvalidArgument, "unknown handle " + std::to_string(h));
-      return found->second.done;
+      return found->second.done || (kick && kicks_ != *kick);
     };
     if (timeout_s < 0) {
       cv_.wait(lk, done);
     } else if (!cv_.wait_until(lk, deadline, done)) {
       return false;
     }
+    if (!states_.find(h)->second.done) return false;  // kicked
   }
   return true;
 }

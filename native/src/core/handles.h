@@ -76,7 +76,16 @@ class HandleTable {
   bool Wait(int64_t h, double timeout_s) { return WaitRange(h, 1, timeout_s); }
   // True when every handle of [first, first + n) is done; false when timeout_s
   // (< 0: no limit) passed first. Throws when one of them is unknown.
-  bool WaitRange(int64_t first, int64_t n, double timeout_s);
+  bool WaitRange(int64_t first, int64_t n, double timeout_s) {
+    return WaitRange(first, n, timeout_s, nullptr);
+  }
+  // As above, but also returns false as soon as Kick() was called after
+  // kicks() returned *kick (when kick is not null): how a thread that waits
+  // for the runtime's cycle lock learns that it came free (Runtime::WaitRange).
+  bool WaitRange(int64_t first, int64_t n, double timeout_s, const uint64_t* kick);
+  uint64_t kicks();
+  // Wakes every sleeping WaitRange that passed a kick (the others sleep on).
+  void Kick();
   // Removes and returns a finished handle's result. Throws when unknown.
   Result Take(int64_t h);
   // Take of every handle of [first, first + n), which must all be finished
@@ -95,6 +104,7 @@ class HandleTable {
   std::condition_variable cv_;
   std::unordered_map<int64_t, State> states_;
   int64_t next_ = 1;
+  uint64_t kicks_ = 0;
 };
 
 }  // namespace sdl

@@ -25,10 +25,6 @@
 namespace sdl {
 namespace {
 
-double SteadySeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 std::string HostIdentity(const std::string& override_id) {
   if (!override_id.empty()) return override_id;
   char buf[256] = {0};
@@ -71,6 +67,11 @@ Runtime::Runtime(RuntimeOptions opts)
   } else {
     InitStore();
   }
+#ifdef SDL_HAVE_MPI
+  // MPI calls from several threads need MPI_THREAD_MULTIPLE (cycles never
+  // overlap, but a caller's cycle and the background's run on different threads).
+  inline_ok_ = !opts_.use_mpi || MpiThreadsSupported();
+#endif
   const Topology& t = opts_.topo;
   std::vector<int32_t> all(t.size);
   for (int r = 0; r < t.size; ++r) all[r] = r;
@@ -304,8 +305,6 @@ std::shared_ptr<ProcessSet> Runtime::FindSet(int32_t id) {
 
 namespace {
 
-constexpr const char* kShutDown = "spark_dl has been shut down";
-
 std::string RankList(const std::vector<int32_t>& ranks) {
   if (ranks.size() == 1) return "rank " + std::to_string(ranks[0]);
   return "ranks " + ShapeString({ranks.begin(), ranks.end()});
@@ -315,7 +314,7 @@ std::string RankList(const std::vector<int32_t>& ranks) {
 
 std::string Runtime::StopMessageLocked(OpType op, const std::string& name) const {
   if (failed_.load()) return stop_message_;
-  if (stopped_by_peers_.empty()) return kShutDown;
+  if (stopped_by_peers_.empty()) return kShutDownMessage;
   // A peer shut down while this rank still calls collectives: the ranks' calls
   // did not match (a script that ran fewer steps, or an early exit).
   std::string what = name.empty() ? std::string("spark_dl")
@@ -446,11 +445,10 @@ int64_t Runtime::EnqueueMany(int32_t ps_id, std::vector<Submission> subs) {
       ps->incoming.push_back(std::move(e));
     }
   }
-  {
-    std::lock_guard<std::mutex> lk(wake_mu_);
-    work_ = true;
-  }
-  wake_cv_.notify_one();
+  // While a caller runs cycles inline, its next cycle takes this in: no
+  // wake-up (the last caller to leave wakes the background thread when work
+  // is left; see LeaveInline).
+  WakeBackground(inline_waiters_.load() == 0);
   // A failure or shutdown may have raced with the enqueue: do not strand it.
   if (stopped_.load()) {
     std::lock_guard<std::mutex> lk(status_mu_);
@@ -505,141 +503,8 @@ std::string Runtime::TransportOf(int32_t id) {
 
 void Runtime::Shutdown() {
   shutdown_requested_.store(true);
-  {
-    std::lock_guard<std::mutex> lk(wake_mu_);
-    work_ = true;
-  }
-  wake_cv_.notify_one();
+  WakeBackground(true);
   if (thread_.joinable()) thread_.join();
-}
-
-void Runtime::Intake(ProcessSet& ps) {
-  std::lock_guard<std::mutex> lk(ps.mu);
-  while (!ps.incoming.empty()) {
-    Entry e = std::move(ps.incoming.front());
-    ps.incoming.pop_front();
-    if (e.req.op == OpType::kJoin) {
-      ps.joined = true;
-      ps.join_handle = e.handle;
-      continue;
-    }
-    e.since = SteadySeconds();
-    ps.pending_order.push_back(e.req.name);
-    ps.pending[e.req.name] = std::move(e);
-  }
-}
-
-void Runtime::WaitForWork(bool busy, bool everywhere) {
-  Config cfg = config();
-  // While tensors wait for slower ranks, cycle more often: their arrival is
-  // only seen through negotiation. A rank with nothing to do that belongs to
-  // every set sleeps longer: any operation, anywhere, needs its own enqueue
-  // (which wakes it), and peers with work block in the cycle until it comes.
-  // A rank outside some set keeps the short cycle: that set's members may
-  // have work that waits on this rank's world cycles.
-  double wait_ms = cfg.cycle_time_ms;
-  if (busy) {
-    wait_ms = std::min(cfg.cycle_time_ms, 0.1);
-  } else if (everywhere) {
-    wait_ms = std::max(cfg.cycle_time_ms, std::min(cfg.idle_cycle_ms, cfg.timeout_s * 250.0));
-  }
-  {
-    std::unique_lock<std::mutex> lk(wake_mu_);
-    wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(wait_ms),
-                      [this] { return work_; });
-    work_ = false;
-  }
-}
-
-void Runtime::Loop() {
-  ErrorCode code = ErrorCode::kShutdown;
-  std::string message;
-  try {
-    while (true) {
-      bool busy = false, everywhere = true;
-      {
-        std::lock_guard<std::mutex> lk(sets_mu_);
-        for (auto& [id, ps] : active_) {
-          busy |= !ps->pending.empty() || ps->joined;
-          everywhere &= ps->member();
-        }
-      }
-      WaitForWork(busy, everywhere);
-      // Asynchronous device errors (NCCL) of work queued in earlier cycles.
-      ThrowIfError(ops_.Poll());
-      std::shared_ptr<ProcessSet> world = FindSet(0);
-      Intake(*world);
-      if (controller_.Cycle(*world, config(), true, shutdown_requested_.load())) break;
-      std::vector<std::shared_ptr<ProcessSet>> sets;
-      {
-        std::lock_guard<std::mutex> lk(sets_mu_);
-        for (auto& [id, ps] : active_)
-          if (id != 0 && ps->member()) sets.push_back(ps);
-      }
-      for (auto& ps : sets) {
-        Intake(*ps);
-        controller_.Cycle(*ps, config(), false, false);
-      }
-    }
-    message = kShutDown;
-    const std::vector<int32_t>& asked = controller_.stopping_ranks();
-    if (std::find(asked.begin(), asked.end(), opts_.topo.rank) == asked.end()) {
-      std::lock_guard<std::mutex> lk(status_mu_);
-      stopped_by_peers_ = asked;
-    }
-  } catch (const Error& e) {
-    code = e.code == ErrorCode::kOk ? ErrorCode::kPeerFailure : e.code;
-    message = e.what();
-    failed_.store(true);
-  } catch (const std::exception& e) {
-    code = ErrorCode::kPeerFailure;
-    message = std::string("background thread failed: ") + e.what();
-    failed_.store(true);
-  }
-  if (failed_.load()) Log(0, message);
-  {
-    std::lock_guard<std::mutex> lk(status_mu_);
-    stop_code_ = code;
-    stop_message_ = message;
-    stopped_.store(true);
-  }
-  std::vector<std::shared_ptr<ProcessSet>> sets;
-  {
-    std::lock_guard<std::mutex> lk(sets_mu_);
-    for (auto& [id, ps] : active_) sets.push_back(ps);
-    for (auto& [id, ps] : staged_) sets.push_back(ps);
-  }
-  // Closing the communicators makes peers blocked on us fail at once instead
-  // of waiting for their timeout.
-  for (auto& ps : sets) ps->comm.reset();
-  // Pending and newly enqueued operations fail naming themselves (and, when
-  // peers shut down first, those peers); anything left (join) gets the plain message.
-  for (auto& ps : sets) {
-    std::vector<std::pair<std::string, OpType>> names;
-    for (auto& [name, e] : ps->pending) names.emplace_back(name, e.req.op);
-    for (auto& [name, op] : names) {
-      Result res;
-      res.code = code;
-      {
-        std::lock_guard<std::mutex> lk(status_mu_);
-        res.message = StopMessageLocked(op, name);
-      }
-      Finish(*ps, name, std::move(res));
-    }
-    std::lock_guard<std::mutex> lk(ps->mu);
-    for (Entry& e : ps->incoming) {
-      Result res;
-      res.code = code;
-      {
-        std::lock_guard<std::mutex> slk(status_mu_);
-        res.message = StopMessageLocked(e.req.op, e.req.name);
-      }
-      handles_.Complete(e.handle, std::move(res));
-    }
-    ps->incoming.clear();
-    ps->inflight.clear();
-  }
-  handles_.FailAll(code, message);
 }
 
 }  // namespace sdl

@@ -1,15 +1,18 @@
 // The runtime: everything one process needs to run collectives, built at
 // init() and torn down at shutdown(). No globals: a test may build several.
 //
-// Why one background thread: collectives must run in the same order on every
+// Why a background thread: collectives must run in the same order on every
 // rank, but framework threads enqueue tensors in whatever order their
-// backward pass produces them. One thread per process owns every
-// communicator, negotiates with the other ranks which enqueued tensors are
-// ready everywhere, and runs them in the agreed order; callers only enqueue
-// and wait on handles. The thread wakes as soon as work is enqueued (no fixed
-// sleep in front of small collectives) and otherwise runs an idle cycle every
-// idle_cycle_ms (cycle_time_ms when some set excludes this rank) so that ranks
-// notice each other's shutdown without spending CPU on empty negotiations.
+// backward pass produces them. Each rank runs a sequence of negotiation
+// cycles (one lock, cycle_mu_, keeps them strictly sequential) that agree with
+// the other ranks which enqueued tensors are ready everywhere and run them in
+// the agreed order. The background thread runs the cycles nobody else runs:
+// it wakes as soon as work is enqueued (no fixed sleep in front of small
+// collectives) and otherwise runs an idle cycle every idle_cycle_ms
+// (cycle_time_ms when some set excludes this rank) so that ranks notice each
+// other's shutdown without spending CPU on empty negotiations. A caller that
+// waits on an unfinished handle runs the cycles itself instead (WaitRange,
+// knob inline_cycles; core/loop.cc explains why and how).
 #pragma once
 
 #include <atomic>
@@ -57,6 +60,8 @@ struct RuntimeOptions {
 
 class Runtime {
  public:
+  static constexpr const char* kShutDownMessage = "spark_dl has been shut down";
+
   explicit Runtime(RuntimeOptions opts);
   ~Runtime();
   Runtime(const Runtime&) = delete;
@@ -104,6 +109,19 @@ class Runtime {
   std::vector<int32_t> ProcessSetIds();
   std::string TransportOf(int32_t id);
 
+  // Waits until every handle of [first, first + n) is done (true) or
+  // timeout_s (< 0: no limit) passed (false). With inline_cycles on, the
+  // caller runs this rank's cycles while it waits, whenever no other thread
+  // runs one; a cycle in progress is finished before the timeout is checked,
+  // so a wait may overrun it by one cycle: usually by at most a peer's idle
+  // heartbeat (idle_cycle_ms; an idle peer's background thread matches the
+  // cycle that often), by the transport timeout when a peer hangs. The Python
+  // binding waits in 50 ms slices and checks for signals between them, so
+  // Ctrl-C lands within that bound too (measured: an alarm during a wait on
+  // a peer 3 s late was handled after 0.50 s, with or without inline cycles).
+  // Throws when a handle is unknown.
+  bool WaitRange(int64_t first, int64_t n, double timeout_s);
+
   HandleTable& handles() { return handles_; }
   const Topology& topology() const { return opts_.topo; }
   Counters& counters() { return counters_; }
@@ -130,9 +148,25 @@ class Runtime {
   // output when asked (sub.out then points into *output).
   void CheckSubmission(const ProcessSet& ps, Submission& sub, std::shared_ptr<Buffer>* output);
   void Loop();
-  // Moves newly enqueued entries of a set to the background thread's side.
+  // Moves newly enqueued entries of a set to the cycle side.
   void Intake(ProcessSet& ps);
-  void WaitForWork(bool busy, bool everywhere);
+  // Sleeps until work, a timeout or shutdown; false when callers run the
+  // cycles inline (the background thread stands down).
+  bool WaitForWork(bool busy, bool everywhere);
+  // One cycle of every set this rank belongs to (cycle_mu_ held, !ended_).
+  // Records the ending (agreed stop or failure) in ended_/end_code_/end_message_.
+  void RunCycleLocked();
+  // Whether any set has work a cycle must advance (cycle_mu_ held).
+  bool HasWorkLocked();
+  void WakeBackground(bool notify);
+  void LeaveInline();
+  // Records (cycle_mu_ held) what paces the background thread's next wait:
+  // whether tensors are pending or this rank joined, and whether it belongs
+  // to every set (read without the lock by WaitForWork).
+  void NotePaceLocked();
+  // Unlocks cycle_mu_ and kicks the callers that wait for it (more than
+  // `mine`: the caller's own count).
+  void ReleaseCycleLock(std::unique_lock<std::mutex>& lk, int mine);
   void Execute(ProcessSet& ps, const Response& r, bool from_cache);
   void Finish(ProcessSet& ps, const std::string& name, Result result);
   void ExecAllreduce(ProcessSet& ps, const Response& r);
@@ -160,6 +194,16 @@ class Runtime {
   std::map<int32_t, std::shared_ptr<ProcessSet>> active_;
   std::map<int32_t, std::shared_ptr<ProcessSet>> staged_;  // added, not yet agreed
   int32_t next_set_id_ = 1;
+
+  // Cycles (see the top of this file). ended_: a cycle agreed to stop or
+  // failed; no cycle runs after that and the background thread cleans up.
+  std::mutex cycle_mu_;
+  std::atomic<bool> ended_{false};  // written under cycle_mu_; read without it to stop standing down
+  ErrorCode end_code_ = ErrorCode::kShutdown;
+  std::string end_message_;
+  bool inline_ok_ = true;                 // false under MPI without THREAD_MULTIPLE
+  std::atomic<int> inline_waiters_{0};    // callers inside WaitRange running cycles
+  std::atomic<bool> busy_{false}, everywhere_{true};  // see NotePaceLocked
 
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;

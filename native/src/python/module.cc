@@ -37,7 +37,9 @@ namespace sdl {
 namespace {
 
 PyObject* g_core_error = nullptr;
-std::unique_ptr<Runtime> g_runtime;
+// Shared so that a thread inside wait() keeps the runtime alive while
+// another thread shuts it down (the wait then fails with the stop message).
+std::shared_ptr<Runtime> g_runtime;
 std::mutex g_mu;
 int g_epoch = 0;
 bool g_shut_down = false;
@@ -80,6 +82,11 @@ Runtime& Rt() {
                 g_shut_down ? "spark_dl has been shut down; call init() again to use it"
                             : "spark_dl is not initialized; call init() first");
   return *g_runtime;
+}
+
+std::shared_ptr<Runtime> RtShared() {
+  Rt();  // throws the not-initialized error
+  return g_runtime;
 }
 
 DataType FromDLPack(nb::dlpack::dtype t) {
@@ -281,7 +288,8 @@ int64_t EnqueueMany(int op, const std::vector<std::string>& names,
 // Ctrl-C and pytest-timeout's alarm interrupt a stuck collective (the handles
 // stay pending).
 bool WaitRange(int64_t first, int64_t n, double timeout_s) {
-  Runtime& rt = Rt();
+  std::shared_ptr<Runtime> keep = RtShared();
+  Runtime& rt = *keep;
   constexpr double kSliceS = 0.05;
   const auto start = std::chrono::steady_clock::now();
   while (true) {
@@ -295,7 +303,7 @@ bool WaitRange(int64_t first, int64_t n, double timeout_s) {
     bool done;
     {
       nb::gil_scoped_release nogil;
-      done = rt.handles().WaitRange(first, n, slice);
+      done = rt.WaitRange(first, n, slice);  // may run this rank's cycles meanwhile
     }
     if (done) return true;
     if (PyErr_CheckSignals() != 0) throw nb::python_error();
@@ -468,7 +476,7 @@ NB_MODULE(_core, m) {
         o.use_mpi = use_mpi;
         o.mpi_comm_addr = mpi_comm_addr;
         o.mpi_ranks = std::move(mpi_ranks);
-        g_runtime = std::make_unique<Runtime>(std::move(o));
+        g_runtime = std::make_shared<Runtime>(std::move(o));
         g_shut_down = false;
         return true;
       },
@@ -488,7 +496,7 @@ NB_MODULE(_core, m) {
 #endif
   });
   m.def("shutdown", [] {
-    std::unique_ptr<Runtime> rt;
+    std::shared_ptr<Runtime> rt;
     {
       std::lock_guard<std::mutex> lk(g_mu);
       rt = std::move(g_runtime);
@@ -496,6 +504,7 @@ NB_MODULE(_core, m) {
     }
     if (rt) {
       nb::gil_scoped_release nogil;
+      rt->Shutdown();  // a waiting thread may hold the last reference
       rt.reset();
     }
   });
@@ -545,7 +554,8 @@ NB_MODULE(_core, m) {
   m.def("counters", [] {
     Counters& c = Rt().counters();
     std::map<std::string, int64_t> d{
-        {"cycles", c.cycles}, {"full_negotiations", c.full_negotiations},
+        {"cycles", c.cycles}, {"inline_cycles", c.inline_cycles},
+        {"full_negotiations", c.full_negotiations},
         {"cache_hits", c.cache_hits}, {"negotiated", c.negotiated},
         {"collectives", c.collectives}, {"fused_tensors", c.fused_tensors},
         {"tensors", c.tensors}, {"bytes", c.bytes}};
