@@ -30,6 +30,20 @@ class Comm {
   // copying in to out and reducing out in place (the default does just that;
   // shared memory reads in directly, saving the copy).
   virtual void AllreduceInto(const void* in, void* out, size_t count, DataType dt, ReduceOp op);
+  // In place over spans (each whole elements of dt) taken as one buffer of
+  // count elements laid back to back: what packing them into a fusion buffer,
+  // Allreduce of it and unpacking gives, bit for bit, without the two copies.
+  // The spans must not overlap. Returns false without communicating when the
+  // transport has no such path (then no member has: the transport is the same
+  // on all of them), and the caller packs.
+  struct Span {
+    char* data;
+    size_t bytes;
+  };
+  virtual bool AllreduceSpans(const std::vector<Span>& spans, size_t count, DataType dt,
+                              ReduceOp op) {
+    return false;
+  }
   // Rank r contributes bytes[r] bytes from in; out receives every rank's bytes
   // concatenated in rank order. in may be null when bytes[rank] == 0.
   virtual void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) = 0;

@@ -379,6 +379,86 @@ void ShmComm::AllreduceInto(const void* in, void* out, size_t count, DataType dt
   }
 }
 
+namespace {
+
+// Byte ranges of a list of spans seen as one buffer laid back to back.
+class SpanView {
+ public:
+  explicit SpanView(const std::vector<Comm::Span>& spans) : spans_(spans) {
+    starts_.reserve(spans.size());
+    size_t at = 0;
+    for (const Comm::Span& s : spans) {
+      starts_.push_back(at);
+      at += s.bytes;
+    }
+  }
+  // Calls fn(piece, offset from lo, bytes) for the pieces of [lo, lo + len).
+  template <typename Fn>
+  void ForEach(size_t lo, size_t len, Fn&& fn) const {
+    size_t i = std::upper_bound(starts_.begin(), starts_.end(), lo) - starts_.begin() - 1;
+    size_t done = 0;
+    while (done < len) {
+      const size_t in_span = lo + done - starts_[i];
+      const size_t n = std::min(spans_[i].bytes - in_span, len - done);
+      if (n) fn(spans_[i].data + in_span, done, n);
+      done += n;
+      ++i;
+    }
+  }
+
+ private:
+  const std::vector<Comm::Span>& spans_;
+  std::vector<size_t> starts_;
+};
+
+}  // namespace
+
+// AllreduceInto's in-place algorithm over a SpanView: the same chunks, owners
+// and order of reductions, so the bits are those of the packed buffer's.
+bool ShmComm::AllreduceSpans(const std::vector<Span>& spans, size_t count, DataType dt,
+                             ReduceOp op) {
+  if (count == 0 || size_ == 1) return true;
+  const size_t es = DataTypeSize(dt);
+  const SpanView view(spans);
+  const size_t chunk = std::max<size_t>(half_bytes_ / es / size_, 1) * size_;  // elements
+  for (size_t off = 0; off < count; off += chunk) {
+    const size_t n = std::min(chunk, count - off);
+    const size_t base = off * es;
+    auto lo = [&](int q) { return n * q / size_ * es; };
+    auto len = [&](int q) { return n * (q + 1) / size_ * es - n * q / size_ * es; };
+    char* stage = half(rank_, round_);
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_ || !len(q)) continue;
+      view.ForEach(base + lo(q), len(q), [&](char* p, size_t at, size_t bytes) {
+        std::memcpy(stage + lo(q) + at, p, bytes);
+      });
+    }
+    Sync();
+    const size_t my_lo = lo(rank_), my_len = len(rank_);
+    if (my_len) {
+      view.ForEach(base + my_lo, my_len, [&](char* p, size_t at, size_t bytes) {
+        for (int q = 0; q < size_; ++q) {
+          if (q == rank_) continue;
+          const char* theirs = half(q, round_) + my_lo + at;
+          if (q < rank_) Reduce(p, theirs, p, bytes / es, dt, op);
+          else Reduce(p, p, theirs, bytes / es, dt, op);
+        }
+        std::memcpy(stage + my_lo + at, p, bytes);
+      });
+    }
+    Sync();
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_ || !len(q)) continue;
+      const char* theirs = half(q, round_) + lo(q);
+      view.ForEach(base + lo(q), len(q), [&](char* p, size_t at, size_t bytes) {
+        std::memcpy(p, theirs + at, bytes);
+      });
+    }
+    ++round_;
+  }
+  return true;
+}
+
 void ShmComm::Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) {
   size_t max_bytes = *std::max_element(bytes.begin(), bytes.end());
   std::vector<size_t> displ(size_, 0);

@@ -38,6 +38,8 @@ class ShmComm : public Comm {
 
   void Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) override;
   void AllreduceInto(const void* in, void* out, size_t count, DataType dt, ReduceOp op) override;
+  bool AllreduceSpans(const std::vector<Span>& spans, size_t count, DataType dt,
+                      ReduceOp op) override;
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
   std::vector<std::string> GatherBytes(const std::string& mine, int root) override;
   void Broadcast(void* buf, size_t bytes, int root) override;

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "comm/comm.h"
 #include "common/message.h"
 #include "common/status.h"
 #include "common/types.h"
@@ -62,6 +63,14 @@ class OpBackend {
   // is in place.
   virtual Status Allreduce(const OpContext& ctx, const void* in, void* out, size_t count,
                            DataType dt, ReduceOp op) = 0;
+  // In place over host spans taken as one buffer of count elements (see
+  // Comm::AllreduceSpans): a fused allreduce without packing. *done false: no
+  // such path here (then on no member), the caller packs.
+  virtual Status AllreduceSpans(const OpContext& ctx, const std::vector<Comm::Span>& spans,
+                                size_t count, DataType dt, ReduceOp op, bool* done) {
+    *done = false;
+    return Status::OK();
+  }
   // Member r contributes bytes[r] bytes; out receives them concatenated in member order.
   virtual Status Allgatherv(const OpContext& ctx, const void* in, void* out,
                             const std::vector<size_t>& bytes) = 0;

@@ -13,6 +13,13 @@ Status HostTransportBackend::Allreduce(const OpContext& ctx, const void* in, voi
   return Status::OK();
 }
 
+Status HostTransportBackend::AllreduceSpans(const OpContext& ctx,
+                                            const std::vector<Comm::Span>& spans, size_t count,
+                                            DataType dt, ReduceOp op, bool* done) {
+  *done = ctx.ps.comm->AllreduceSpans(spans, count, dt, op);
+  return Status::OK();
+}
+
 Status HostTransportBackend::Allgatherv(const OpContext& ctx, const void* in, void* out,
                                         const std::vector<size_t>& bytes) {
   ctx.ps.comm->Allgatherv(in, out, bytes);

@@ -17,6 +17,8 @@ class HostTransportBackend : public OpBackend {
   bool Enabled(const Response& r, Device d) const override { return d.host(); }
   Status Allreduce(const OpContext& ctx, const void* in, void* out, size_t count, DataType dt,
                    ReduceOp op) override;
+  Status AllreduceSpans(const OpContext& ctx, const std::vector<Comm::Span>& spans, size_t count,
+                        DataType dt, ReduceOp op, bool* done) override;
   Status Allgatherv(const OpContext& ctx, const void* in, void* out,
                     const std::vector<size_t>& bytes) override;
   Status Broadcast(const OpContext& ctx, void* buf, size_t bytes, int root) override;

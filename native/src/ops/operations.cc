@@ -196,6 +196,41 @@ Status Operations::SignalOutputs(DeviceMemory* m, Device d, const std::vector<En
   return Status::OK();
 }
 
+// A fused allreduce of host tensors in place, without prescaling, with every
+// entry present (not joined) and no two overlapping: the transport's
+// AllreduceSpans over the tensors themselves, then the postscaling in place.
+// *done false: not eligible or not supported, nothing happened.
+Status Operations::AllreduceInPlace(OpBackend* b, DeviceMemory* m, const OpContext& ctx,
+                                    const std::vector<Entry*>& entries, const Scaling& post,
+                                    bool* done) {
+  *done = false;
+  const Response& r = ctx.response;
+  if (!ctx.device.host() || r.prescale != 1.0) return Status::OK();
+  const size_t es = DataTypeSize(r.dtype);
+  std::vector<Comm::Span> spans;
+  std::vector<CopyEntry> scale;
+  size_t count = 0;
+  spans.reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Entry* e = entries[i];
+    if (!e || e->in != e->out || !e->out) return Status::OK();
+    const size_t n = static_cast<size_t>(Elements(r.shapes[i]));
+    spans.push_back(Comm::Span{static_cast<char*>(e->out), n * es});
+    scale.push_back(CopyEntry{e->out, e->out, n});
+    count += n;
+  }
+  std::vector<Comm::Span> sorted = spans;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Comm::Span& x, const Comm::Span& y) { return x.data < y.data; });
+  for (size_t i = 1; i < sorted.size(); ++i)
+    if (sorted[i - 1].data + sorted[i - 1].bytes > sorted[i].data) return Status::OK();
+  SDL_RETURN_IF_ERROR(b->AllreduceSpans(ctx, spans, count, r.dtype, TransportOp(r.reduce), done));
+  if (*done && !post.identity() && count)
+    SDL_RETURN_IF_ERROR(m->BatchedCopy(ctx.device, scale.data(), static_cast<int>(scale.size()),
+                                       r.dtype, post));
+  return Status::OK();
+}
+
 Status Operations::Allreduce(ProcessSet& ps, const Response& r, const std::vector<Entry*>& entries) {
   const Device d = DeviceFor(r, entries);
   OpBackend* b = nullptr;
@@ -230,6 +265,11 @@ Status Operations::Allreduce(ProcessSet& ps, const Response& r, const std::vecto
     }
     return SignalOutputs(m, d, entries);
   }
+  // Fused host tensors reduced in place: the transport may take them where they
+  // are (shared memory does), sparing the pack and unpack copies.
+  bool done = false;
+  SDL_RETURN_IF_ERROR(AllreduceInPlace(b, m, ctx, entries, post, &done));
+  if (done) return SignalOutputs(m, d, entries);
   // Fused (or this rank joined and contributes zeros): pack, reduce once, unpack.
   // On a device each entry starts at a kDeviceFusionAlignment boundary, so the
   // batched-copy kernel uses 16-byte vector accesses; the padding is reduced with

@@ -91,6 +91,8 @@ class Operations {
                         std::shared_ptr<Buffer>* out);
   Status WaitInputs(DeviceMemory* m, Device d, const std::vector<Entry*>& entries);
   Status SignalOutputs(DeviceMemory* m, Device d, const std::vector<Entry*>& entries);
+  Status AllreduceInPlace(OpBackend* b, DeviceMemory* m, const OpContext& ctx,
+                          const std::vector<Entry*>& entries, const Scaling& post, bool* done);
 
   std::vector<Registered> backends_;  // sorted by priority
   OpBackend* host_backend_ = nullptr;
