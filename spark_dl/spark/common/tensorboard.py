@@ -84,12 +84,12 @@ class TensorBoardLogger:
 
     def start(self) -> None:
         """Opens the event file in a background thread (once; no-op without a logs path)."""
-        with self._lock:
+        with self._lock:  # started under the lock: close() never joins an unstarted thread
             if self.path is None or self._thread is not None:
                 return
             self._thread = threading.Thread(target=self._open, name="spark_dl-tensorboard",
                                             daemon=True)
-        self._thread.start()
+            self._thread.start()
 
     def _open(self) -> None:
         try:
