@@ -14,29 +14,14 @@
 #include <vector>
 
 #include "core/runtime.h"
+#include "run_ranks.h"
 
 namespace sdl {
 namespace {
 
 void RunRanks(int n, const std::string& transport, bool inline_cycles,
               const std::function<void(int, Runtime&)>& body) {
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      RuntimeOptions o;
-      o.topo = {r, n, r, n, 0, 1};
-      o.hostname = "127.0.0.1";
-      o.store = store;
-      o.config.timeout_s = 20;
-      o.config.start_timeout_s = 20;
-      o.config.inline_cycles = inline_cycles;
-      if (transport == "gloo") o.config.host_id = "host" + std::to_string(r);
-      Runtime rt(std::move(o));
-      body(r, rt);
-    });
-  }
-  for (auto& t : threads) t.join();
+  RunRanks(n, transport, body, [&](Config& c) { c.inline_cycles = inline_cycles; });
 }
 
 Request Allreduce(const std::string& name, int64_t n) {
@@ -121,7 +106,9 @@ TEST_P(Inline, RankThatNeverWaitsIsServedByTheBackgroundThread) {
       ASSERT_EQ(res.code, ErrorCode::kOk) << res.message;
       ASSERT_EQ(x, std::vector<float>(64, 3.0f));
     }
-    if (rank == 1) EXPECT_EQ(rt.counters().inline_cycles.load(), 0);
+    if (rank == 1) {
+      EXPECT_EQ(rt.counters().inline_cycles.load(), 0);
+    }
   });
 }
 

@@ -13,36 +13,13 @@
 #include <vector>
 
 #include "core/runtime.h"
+#include "run_ranks.h"
 #ifdef SDL_HAVE_CUDA
 #include "gpu/cuda_api.h"
 #endif
 
 namespace sdl {
 namespace {
-
-// Runs body(rank, runtime) on n runtimes, each built and destroyed on its own
-// thread (construction blocks until the peers meet). transport: "shm" (one
-// host) or "gloo" (a host identity per rank forces TCP over loopback).
-void RunRanks(int n, const std::string& transport,
-              const std::function<void(int, Runtime&)>& body) {
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      RuntimeOptions o;
-      o.topo = {r, n, r, n, 0, 1};
-      o.hostname = "127.0.0.1";
-      o.store = store;
-      o.config.timeout_s = 20;
-      o.config.start_timeout_s = 20;
-      if (transport == "gloo") o.config.host_id = "host" + std::to_string(r);
-      Runtime rt(std::move(o));
-      EXPECT_EQ(rt.TransportOf(0), transport);
-      body(r, rt);
-    });
-  }
-  for (auto& t : threads) t.join();
-}
 
 Result WaitFor(Runtime& rt, int64_t h) {
   EXPECT_TRUE(rt.handles().Wait(h, 30)) << "handle did not complete";
