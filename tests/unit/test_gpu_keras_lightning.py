@@ -17,6 +17,7 @@ import pytest
 
 from spark_dl.spark.launch.task import devices
 from spark_dl.spark.launch.task.devices import GpuFallbackWarning, GpuNotVisibleError
+from test_gpu_torch import FakeTaskContext  # the same fake Spark task as the torch side
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,22 +30,6 @@ def fresh(monkeypatch):
     devices._warned.clear()
     yield
     devices._warned.clear()
-
-
-class FakeResource:
-    def __init__(self, addresses):
-        self.addresses = addresses
-
-
-class FakeTaskContext:
-    def __init__(self, partition, gpus):
-        self._partition, self._gpus = partition, gpus
-
-    def partitionId(self):
-        return self._partition
-
-    def resources(self):
-        return {"gpu": FakeResource(self._gpus)} if self._gpus else {}
 
 
 def in_task(monkeypatch, partition, gpus):
