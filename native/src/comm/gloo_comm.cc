@@ -42,9 +42,14 @@ constexpr size_t kGatherReduceBytes = 64 * 1024;  // gathered bytes (allgather f
 constexpr size_t kDoublingBytes = 64 * 1024;      // per-rank bytes (doubling form)
 
 // Larger allreduces run as a ring (reduce-scatter, then allgather) written on
-// Gloo's send/recv buffers. Each step's block moves in chunks of this many
-// bytes, so a chunk is reduced while the next ones are still on the wire.
-constexpr size_t kRingChunkBytes = 256 * 1024;
+// Gloo's send/recv buffers. Each step's block moves in chunks of about this
+// many bytes (a block under twice this size moves whole), so a chunk is
+// reduced while the next ones are still on the wire. Every message costs a
+// wake-up of the receiving thread: on the loopback of a 2-core machine,
+// 2 ranks, 256 KiB chunks took 4.0-4.7 ms for a 3.2 MB allreduce against
+// 3.3-3.4 ms whole, and 62 ms against 44-46 ms with 1 MiB chunks at 64 MiB
+// (docs/benchmarks.md).
+constexpr size_t kRingChunkBytes = 1024 * 1024;
 
 // Slot prefixes for our own point-to-point exchanges (Gloo's collectives use
 // 0x01-0x08; the tag keeps successive operations apart).
@@ -227,7 +232,12 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
   size_t max_block = 0;
   for (int q = 0; q < n; ++q) max_block = std::max(max_block, first[q + 1] - first[q]);
   ring_tmp_.resize(max_block * es);
-  const size_t chunk = std::max<size_t>(kRingChunkBytes / es, 1);
+  // Elements per chunk of a block of len elements; the sender and the receiver
+  // of a block compute it from the same length, so their messages match.
+  auto chunk_of = [es](size_t len) {
+    const size_t chunks = std::max<size_t>(len * es / kRingChunkBytes, 1);
+    return std::max<size_t>((len + chunks - 1) / chunks, 1);
+  };
   const auto timeout = ctx_->getTimeout();
   try {
     auto data = ctx_->createUnboundBuffer(buf, count * es);
@@ -238,18 +248,19 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
     auto step = [&](int out, int in, bool reduce_in) {
       const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, tag_++);
       const size_t in_len = first[in + 1] - first[in], out_len = first[out + 1] - first[out];
+      const size_t in_chunk = chunk_of(in_len), out_chunk = chunk_of(out_len);
       size_t recvs = 0, sends = 0;
-      for (size_t off = 0; off < in_len; off += chunk, ++recvs) {
-        const size_t len = std::min(chunk, in_len - off);
+      for (size_t off = 0; off < in_len; off += in_chunk, ++recvs) {
+        const size_t len = std::min(in_chunk, in_len - off);
         if (reduce_in) tmp->recv(left, slot, off * es, len * es);
         else data->recv(left, slot, (first[in] + off) * es, len * es);
       }
-      for (size_t off = 0; off < out_len; off += chunk, ++sends)
-        data->send(right, slot, (first[out] + off) * es, std::min(chunk, out_len - off) * es);
+      for (size_t off = 0; off < out_len; off += out_chunk, ++sends)
+        data->send(right, slot, (first[out] + off) * es, std::min(out_chunk, out_len - off) * es);
       for (size_t i = 0; i < recvs; ++i) {
         if (reduce_in) {
           tmp->waitRecv(timeout);
-          const size_t off = i * chunk, len = std::min(chunk, in_len - off);
+          const size_t off = i * in_chunk, len = std::min(in_chunk, in_len - off);
           char* dst = buf + (first[in] + off) * es;
           Reduce(dst, ring_tmp_.data() + off * es, dst, len, dt, op);
         } else {
