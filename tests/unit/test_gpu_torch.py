@@ -209,7 +209,19 @@ def test_batched_forms_send_device_tensors_one_by_one(monkeypatch):
     from spark_dl.torch import _async_ops
 
     calls = []
-    monkeypatch.setattr(_async_ops, "_all_cpu", lambda bufs: calls.append(len(bufs)) or False)
+    real_targets = _async_ops._batch_targets
+
+    def as_if_on_device(tensors):  # in place: the buffers' specs say "not all in host memory"
+        bufs, copy_backs, _ = real_targets(tensors)
+        calls.append(len(bufs))
+        return bufs, copy_backs, None
+
+    def no_specs(bufs):  # out of place
+        calls.append(len(bufs))
+        return None
+
+    monkeypatch.setattr(_async_ops, "_batch_targets", as_if_on_device)
+    monkeypatch.setattr(_async_ops, "_batch_specs", no_specs)
 
     def batch_entry(*args, **kwargs):
         raise AssertionError("device tensors reached the batched entry point")
