@@ -7,11 +7,39 @@ handle keeps its input and output arrays alive until it is synchronized.
 import time
 
 from spark_dl import _core
-from spark_dl.common.exceptions import OpTimeoutError, error_for, raise_from_core
+from spark_dl.common.exceptions import OpTimeoutError, ShutdownError, error_for
 
 __all__ = ["Handle", "CompositeHandle", "BatchHandle", "poll", "synchronize"]
 
 _live = {}  # handle id -> Handle, until synchronized
+_runtime_generation = 0  # bumped by every shutdown: a handle belongs to one runtime
+_NOT_INITIALIZED = _core.ERROR_CODES["not_initialized"]
+
+
+def _raise_pending(exc, handle):
+    """Re-raises a ``_core.CoreError`` met while waiting on ``handle``.
+
+    A handle exists only while the runtime runs, so the core's "not initialized"
+    means the runtime was shut down (by this thread or another) before the result
+    was taken: the operation failed with the shutdown, and that is what is raised.
+    """
+    code, message = exc.args
+    if code == _NOT_INITIALIZED:
+        raise _shutdown_error(handle) from None
+    raise error_for(code, message) from None
+
+
+def _shutdown_error(handle):
+    return ShutdownError(
+        f"operation '{handle.name}' did not finish: spark_dl was shut down (shutdown() in "
+        "this or another thread) before its result was taken")
+
+
+def _check_runtime(handle):
+    """Raises the shutdown error when ``handle``'s runtime has been shut down (a later
+    ``init()`` starts a new runtime whose handle ids may repeat the old ones)."""
+    if handle._generation != _runtime_generation:
+        raise _shutdown_error(handle)
 
 
 class Handle:
@@ -24,7 +52,7 @@ class Handle:
             return value is the operation's result.
     """
 
-    __slots__ = ("hid", "_keep", "_finish", "_done", "_result", "name")
+    __slots__ = ("hid", "_keep", "_finish", "_done", "_result", "name", "_generation")
 
     def __init__(self, hid, keep, finish, name=""):
         self.hid = hid
@@ -33,16 +61,18 @@ class Handle:
         self._done = False
         self._result = None
         self.name = name
+        self._generation = _runtime_generation
         _live[hid] = self
 
     def poll(self):
         """True when the operation has finished (successfully or not)."""
         if self._done:
             return True
+        _check_runtime(self)
         try:
             return _core.poll(self.hid)
         except _core.CoreError as e:
-            raise_from_core(e)
+            _raise_pending(e, self)
 
     def wait(self, timeout=None):
         """Blocks until done and returns the result, or raises the operation's error.
@@ -56,13 +86,14 @@ class Handle:
         """
         if self._done:
             return self._result
+        _check_runtime(self)
         try:
             if not _core.wait(self.hid, -1.0 if timeout is None else float(timeout)):
                 raise OpTimeoutError(
                     f"operation '{self.name}' did not finish within {timeout} s; it is still pending")
             code, message, outputs, ints = _core.take(self.hid)
         except _core.CoreError as e:
-            raise_from_core(e)
+            _raise_pending(e, self)
         _live.pop(self.hid, None)
         self._done = True
         self._keep = None
@@ -155,14 +186,16 @@ class BatchHandle(Handle):
     def poll(self):
         if self._done:
             return True
+        _check_runtime(self)
         try:
             return _core.wait_range(self.hid, self.count, 0.0)
         except _core.CoreError as e:
-            raise_from_core(e)
+            _raise_pending(e, self)
 
     def wait(self, timeout=None):
         if self._done:
             return self._result
+        _check_runtime(self)
         try:
             limit = -1.0 if timeout is None else float(timeout)
             if not _core.wait_range(self.hid, self.count, limit):
@@ -171,7 +204,7 @@ class BatchHandle(Handle):
                     "they are still pending")
             failures, outputs = _core.take_range(self.hid, self.count)
         except _core.CoreError as e:
-            raise_from_core(e)
+            _raise_pending(e, self)
         _live.pop(self.hid, None)
         self._done = True
         self._keep = None
@@ -197,4 +230,8 @@ def synchronize(handle, timeout=None):
 
 
 def _forget_all():
+    """At shutdown: the runtime's handles are dropped, and any still held fail with
+    the shutdown error instead of reaching a later runtime."""
+    global _runtime_generation
+    _runtime_generation += 1
     _live.clear()

@@ -33,6 +33,33 @@ def test_calls_before_init_and_after_shutdown_raise_clearly():
         sdl.allreduce(np.ones(3))
 
 
+def test_a_handle_outliving_its_runtime_says_it_was_shut_down():
+    """Taking a result after shutdown() (here or in another thread) is the shutdown
+    error, not "not initialized"; after a new init() the old handle still fails so
+    rather than reaching the new runtime's operation with the same id."""
+    torch = pytest.importorskip("torch")
+    import spark_dl.torch as sdl_torch
+
+    sdl.init()
+    h = sdl.allreduce_async(np.ones(3), name="x")
+    batch = sdl_torch.grouped_allreduce_async_([torch.ones(2), torch.ones(3)], name="b")
+    sdl.shutdown()
+    with pytest.raises(sdl.ShutdownError, match="'x' did not finish: spark_dl was shut down"):
+        h.wait(timeout=10)
+    with pytest.raises(sdl.ShutdownError, match="did not finish: spark_dl was shut down"):
+        batch.wait(timeout=10)
+    sdl.init()
+    try:
+        fresh = sdl.allreduce_async(np.full(3, 2.0), name="y")
+        with pytest.raises(sdl.ShutdownError, match="'x'"):
+            h.poll()
+        with pytest.raises(sdl.ShutdownError, match="'x'"):
+            h.wait(timeout=10)
+        assert fresh.wait(timeout=10).tolist() == [2.0, 2.0, 2.0]
+    finally:
+        sdl.shutdown()
+
+
 def test_size_one_results(initialized):
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     assert np.array_equal(sdl.allreduce(x, op=sdl.Sum), x)
