@@ -183,6 +183,35 @@ TEST(Fusion, CoordinatorFusesReadyNamesInArrivalOrder) {
   EXPECT_EQ(Names(out), (std::vector<std::vector<std::string>>{{"x", "y"}, {"z"}}));
 }
 
+TEST(Fusion, MergeGroupsJoinsMembersByGroupDtypeAndDevice) {
+  auto member = [](const std::string& name, const std::string& group, int64_t n,
+                   DataType dt = DataType::kFloat32, DeviceType dev = DeviceType::kCPU) {
+    Response r = Ready(name, n, dev, dt);
+    r.group = group;
+    return r;
+  };
+  Response broadcast = Ready("bc", 3);
+  broadcast.op = OpType::kBroadcast;
+  broadcast.group = "g";  // only allreduce groups merge
+  std::vector<Response> in = {member("g.0", "g", 1),
+                              Ready("single", 2),
+                              member("h.0", "h", 3),
+                              member("g.1", "g", 4),
+                              member("g.2", "g", 5, DataType::kFloat64),
+                              member("g.3", "g", 6, DataType::kFloat32, DeviceType::kCUDA),
+                              broadcast,
+                              member("h.1", "h", 7),
+                              member("g.4", "g", 8)};
+  std::vector<Response> out = MergeGroups(in);
+  EXPECT_EQ(Names(out), (std::vector<std::vector<std::string>>{
+                            {"g.0", "g.1", "g.4"}, {"single"}, {"h.0", "h.1"}, {"g.2"}, {"g.3"},
+                            {"bc"}}));
+  EXPECT_EQ(out[0].shapes, (std::vector<std::vector<int64_t>>{{1}, {4}, {8}}));
+  EXPECT_EQ(out[2].shapes, (std::vector<std::vector<int64_t>>{{3}, {7}}));
+  EXPECT_EQ(out[3].dtype, DataType::kFloat64);
+  EXPECT_EQ(out[4].device, DeviceType::kCUDA);
+}
+
 TEST(ResponseCache, MembersFedTheSameUpdatesHoldTheSameSlots) {
   // The invariant behind cache bits: equal update sequences give equal slots.
   ResponseCache a(4), b(4);

@@ -62,6 +62,11 @@ bool Controller::Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutd
   if (flags & (kNeedFull | kCoordPending | kJoinedFlag)) Negotiate(ps, cfg);
 
   // Drop finished names from the order (a name may be enqueued again later).
+  // Usually everything finished: nothing to keep.
+  if (ps.pending.empty()) {
+    ps.pending_order.clear();
+    return false;
+  }
   std::vector<std::string> order;
   order.reserve(ps.pending.size());
   std::unordered_set<std::string> kept;

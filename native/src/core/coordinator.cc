@@ -378,22 +378,29 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
 
 std::vector<Response> MergeGroups(std::vector<Response> ready) {
   std::vector<Response> out;
-  std::map<std::string, size_t> at;
+  out.reserve(ready.size());
+  std::vector<size_t> merged;  // indices in out of the group responses so far (a few)
   for (Response& r : ready) {
     if (r.group.empty() || r.op != OpType::kAllreduce) {
       out.push_back(std::move(r));
       continue;
     }
-    // One fused response per group, dtype and device (see the group merge in the negotiation).
-    const std::string key = r.group + '\0' + std::to_string(static_cast<int>(r.dtype)) + '\0' +
-                            std::to_string(static_cast<int>(r.device));
-    auto it = at.find(key);
-    if (it == at.end()) {
-      at[key] = out.size();
+    // One fused response per group, dtype and device (see the group merge in the
+    // negotiation). A cycle holds few groups: a scan beats building a key per member.
+    size_t at = out.size();
+    for (size_t i : merged) {
+      const Response& m = out[i];
+      if (m.group == r.group && m.dtype == r.dtype && m.device == r.device) {
+        at = i;
+        break;
+      }
+    }
+    if (at == out.size()) {
+      merged.push_back(at);
       out.push_back(std::move(r));
     } else {
-      out[it->second].names.push_back(r.names[0]);
-      out[it->second].shapes.push_back(r.shapes[0]);
+      out[at].names.push_back(std::move(r.names[0]));
+      out[at].shapes.push_back(std::move(r.shapes[0]));
     }
   }
   return out;

@@ -59,7 +59,7 @@ void Runtime::Intake(ProcessSet& ps) {
     }
     e.since = SteadySeconds();
     ps.pending_order.push_back(e.req.name);
-    ps.pending[e.req.name] = std::move(e);
+    ps.pending.insert_or_assign(ps.pending_order.back(), std::move(e));
   }
 }
 
