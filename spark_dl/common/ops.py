@@ -9,6 +9,7 @@ rank within a process set, and alltoall's default splits.
 """
 
 import collections
+import contextlib
 import itertools
 import operator
 
@@ -178,12 +179,20 @@ def group_name(kind, name, process_set):
 _stream_of = None
 
 
-def set_stream_provider(fn):
+# A context manager that makes a device tensor's device current while the core takes it
+# (PyTorch exports a CUDA tensor through DLPack only on its current device), or None.
+_device_scope = None
+
+
+def set_stream_provider(fn, scope=None):
     """``fn(tensor) -> int``: the DLPack stream number the core must order its reads after
     for ``tensor`` (0 for host tensors). The core records an event there at enqueue and
-    makes that stream wait for the result (no device-wide synchronize)."""
-    global _stream_of
+    makes that stream wait for the result (no device-wide synchronize). ``scope(tensor)``:
+    a context manager to enter around the enqueue (e.g. that makes the tensor's device
+    current), or None when none is needed."""
+    global _stream_of, _device_scope
     _stream_of = fn
+    _device_scope = scope
 
 
 def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set=None,
@@ -211,11 +220,13 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
     name = name or auto_name(kind, ps_id)
     source = tensor if tensor is not None else output
     stream = _stream_of(source) if _stream_of is not None and source is not None else 0
+    scope = _device_scope(source) if stream and _device_scope is not None else None
     try:
-        hid = _core.enqueue(OP[kind], name, tensor, output, ps_id, int(op),
-                            float(prescale_factor), float(postscale_factor), int(root),
-                            [int(s) for s in splits], group, int(group_size),
-                            bool(core_output), int(stream))
+        with scope or contextlib.nullcontext():
+            hid = _core.enqueue(OP[kind], name, tensor, output, ps_id, int(op),
+                                float(prescale_factor), float(postscale_factor), int(root),
+                                [int(s) for s in splits], group, int(group_size),
+                                bool(core_output), int(stream))
     except _core.CoreError as e:
         raise_from_core(e)
     return Handle(hid, (tensor, output, keep), finish or (lambda outputs, ints: None), name=name)

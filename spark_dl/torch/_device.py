@@ -28,8 +28,8 @@ from spark_dl import _core
 from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 
-__all__ = ["core_cuda_support", "device_error", "check_device", "dlpack_stream",
-           "export_cuda", "stream_of"]
+__all__ = ["core_cuda_support", "device_error", "check_device", "device_scope",
+           "dlpack_stream", "export_cuda", "stream_of"]
 
 # The core's run-time answer to "can you take CUDA tensors now" (CUDA and NCCL loaded, a
 # device present). The native side names it; until it exists, build_info()["cuda"] alone
@@ -96,7 +96,8 @@ def export_cuda(tensor: torch.Tensor):
     use the memory after the handle completes unless the caller keeps ``tensor`` alive.
     """
     stream = dlpack_stream(tensor.device)
-    return tensor.__dlpack__(stream=stream), stream
+    with torch.cuda.device(tensor.device):  # torch exports only from the current device
+        return tensor.__dlpack__(stream=stream), stream
 
 
 def stream_of(tensor) -> int:
@@ -108,4 +109,15 @@ def stream_of(tensor) -> int:
     return 0
 
 
-_ops.set_stream_provider(stream_of)
+def device_scope(tensor):
+    """Makes a CUDA tensor's device current while the core takes it, when another device
+    is: PyTorch's ``__dlpack__`` refuses to export a tensor that is not on the current
+    device (a process using several GPUs, or one that never called
+    ``torch.cuda.set_device``). None when nothing needs to change."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_cuda \
+            and tensor.device.index != torch.cuda.current_device():
+        return torch.cuda.device(tensor.device)
+    return None
+
+
+_ops.set_stream_provider(stream_of, device_scope)

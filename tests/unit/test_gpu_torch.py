@@ -245,3 +245,29 @@ def test_batched_forms_send_device_tensors_one_by_one(monkeypatch):
         assert calls == [3, 3, 3]
     finally:
         hvd.shutdown()
+
+
+def test_a_device_tensor_is_enqueued_inside_its_device_scope(monkeypatch):
+    """torch's ``__dlpack__`` exports a CUDA tensor only from the current device, so the
+    enqueue runs inside the binding's device scope (here faked: no CUDA tensor exists on
+    this machine); CPU tensors need no scope."""
+    from spark_dl.common import handles, ops
+    from spark_dl.torch import _device
+
+    assert _device.device_scope(torch.ones(2)) is None
+    events, calls = [], []
+
+    class Scope:
+        def __enter__(self):
+            events.append("enter")
+
+        def __exit__(self, *exc):
+            events.append("exit")
+
+    monkeypatch.setattr(ops, "_stream_of", lambda t: 7)
+    monkeypatch.setattr(ops, "_device_scope", lambda t: Scope())
+    monkeypatch.setattr(ops._core, "enqueue",
+                        lambda *args: calls.append((list(events), args[-1])) or 987654321)
+    ops.submit("allreduce", "x", torch.ones(2))
+    handles._live.pop(987654321, None)
+    assert calls == [(["enter"], 7)] and events == ["enter", "exit"]
