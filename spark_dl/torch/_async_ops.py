@@ -91,6 +91,10 @@ def _per_tensor_allreduces(tensors, bufs, copy_backs, names, op, prescale_factor
     in_place = copy_backs is not None
     handles = []
     for i, buf in enumerate(bufs):
+        if not in_place and buf.is_cuda:
+            handles.append(_allreduce_into_new(buf, names[i], op, prescale_factor,
+                                               postscale_factor, process_set, group, group_size))
+            continue
         finish = (lambda o, ints: None) if in_place else (lambda o, ints: _wrap(o[0]))
         handles.append(_ops.submit(
             "allreduce", names[i], buf, buf if in_place else None, finish=finish,
@@ -192,12 +196,27 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         A handle; ``synchronize(handle)`` returns the reduced tensor.
     """
     src = _source(tensor)
+    if src.is_cuda:
+        return _allreduce_into_new(src, name, resolve_op(average, op), prescale_factor,
+                                   postscale_factor, process_set)
     # The core allocates the result (pooled, pre-faulted memory) and reduces
     # straight from src into it: no copy and no page faults on the way.
     return _ops.submit("allreduce", name, src, None, core_output=True,
                        finish=lambda o, i: _wrap(o[0]),
                        process_set=process_set, op=resolve_op(average, op),
                        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+
+def _allreduce_into_new(src, name, op, prescale_factor, postscale_factor, process_set,
+                        group="", group_size=0):
+    """Out-of-place allreduce of a device tensor into a result PyTorch allocates: its
+    caching allocator, ordered on the current stream, instead of a device allocation by
+    the core per call (whose ``cudaFree``, when the result is dropped, synchronizes the
+    whole device). The core reads ``src`` and writes the result in its stream order."""
+    out = torch.empty_like(src)
+    return _ops.submit("allreduce", name, src, out, finish=lambda o, i: out,
+                       process_set=process_set, op=op, prescale_factor=prescale_factor,
+                       postscale_factor=postscale_factor, group=group, group_size=group_size)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,

@@ -271,3 +271,22 @@ def test_a_device_tensor_is_enqueued_inside_its_device_scope(monkeypatch):
     ops.submit("allreduce", "x", torch.ones(2))
     handles._live.pop(987654321, None)
     assert calls == [(["enter"], 7)] and events == ["enter", "exit"]
+
+
+def test_out_of_place_device_allreduce_writes_a_result_torch_allocated():
+    """Device tensors' out-of-place allreduces get a result from torch's allocator (not a
+    core allocation per call). The helper runs here on a CPU tensor, 1 rank: the result
+    is a new tensor, scaled, and the input stays as it was."""
+    from spark_dl.torch import _async_ops
+
+    hvd.init()
+    try:
+        src = torch.arange(5, dtype=torch.float32)
+        handle = _async_ops._allreduce_into_new(src, "into_new", hvd.Sum, 1.0, 3.0,
+                                                hvd.global_process_set)
+        out = hvd.synchronize(handle)
+        assert out.data_ptr() != src.data_ptr()
+        assert out.tolist() == [0.0, 3.0, 6.0, 9.0, 12.0]
+        assert src.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    finally:
+        hvd.shutdown()
