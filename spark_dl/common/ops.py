@@ -186,8 +186,9 @@ _device_scope = None
 
 def set_stream_provider(fn, scope=None):
     """``fn(tensor) -> int``: the DLPack stream number the core must order its reads after
-    for ``tensor`` (0 for host tensors). The core records an event there at enqueue and
-    makes that stream wait for the result (no device-wide synchronize). ``scope(tensor)``:
+    for ``tensor`` (0 for host tensors). The core records an event there when the
+    operation runs, waits for it before reading, and makes that stream wait for the
+    result (no device-wide synchronize). ``scope(tensor)``:
     a context manager to enter around the enqueue (e.g. that makes the tensor's device
     current), or None when none is needed."""
     global _stream_of, _device_scope
