@@ -91,6 +91,7 @@ class Handle:
             if not _core.wait(self.hid, -1.0 if timeout is None else float(timeout)):
                 raise OpTimeoutError(
                     f"operation '{self.name}' did not finish within {timeout} s; it is still pending")
+            _check_runtime(self)  # a shutdown and init() in another thread during the wait
             code, message, outputs, ints = _core.take(self.hid)
         except _core.CoreError as e:
             _raise_pending(e, self)
@@ -202,6 +203,7 @@ class BatchHandle(Handle):
                 raise OpTimeoutError(
                     f"{self.count} operations '{self.name}' did not all finish within {timeout} s; "
                     "they are still pending")
+            _check_runtime(self)  # a shutdown and init() in another thread during the wait
             failures, outputs = _core.take_range(self.hid, self.count)
         except _core.CoreError as e:
             _raise_pending(e, self)
