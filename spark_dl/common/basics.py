@@ -309,7 +309,8 @@ def set_knob(name, value):
 
 
 def transport(process_set=None):
-    """Which transport a process set uses on this rank: 'shm', 'gloo' or 'self'."""
+    """Which transport a process set uses on this rank: 'shm', 'gloo', 'mpi',
+    'hierarchical' or 'self' (also after the runtime stopped)."""
     ps_id = 0 if process_set is None else process_set.process_set_id
     try:
         return _core.transport(ps_id)

@@ -59,3 +59,25 @@ def every_rank_shuts_down():
 def test_own_shutdown_keeps_the_plain_message():
     for msg in run_ranks("test_core_shutdown_message:every_rank_shuts_down", 2, timeout=120):
         assert msg is not None and "shut down" in msg and "had already" not in msg
+
+
+def transport_after_peers_shut_down():
+    """Rank 0 stops; the others see the stop, then ask for their transport."""
+    sdl.init()
+    before = sdl.transport()
+    sdl.allreduce(np.ones(2), name="step0")
+    if sdl.rank() == 0:
+        sdl.shutdown()
+        return before, before
+    try:
+        sdl.allreduce_async(np.ones(2), name="step1").wait(timeout=60)
+    except sdl.ShutdownError:
+        pass
+    # The stop released the communicators before it failed step1.
+    return before, sdl.transport()
+
+
+def test_transport_is_still_reported_after_a_peer_shut_down():
+    for before, after in run_ranks("test_core_shutdown_message:transport_after_peers_shut_down",
+                                   2, timeout=120):
+        assert before == after == "shm", (before, after)

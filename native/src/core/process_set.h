@@ -58,6 +58,9 @@ struct ProcessSet {
   const std::vector<int32_t> ranks;  // global ranks, ascending
   const int32_t my_rank;             // index in ranks, -1 when not a member
   std::unique_ptr<Comm> comm;
+  // comm->kind() when the set was made ("" when not a member): what transport()
+  // reports, also after a stop has released comm (another thread may be releasing it).
+  std::string transport;
 
   // Caller side (guarded by mu): new work and names in flight.
   std::mutex mu;

@@ -222,7 +222,10 @@ std::shared_ptr<ProcessSet> Runtime::MakeProcessSet(int32_t id, std::vector<int3
   auto it = std::find(ranks.begin(), ranks.end(), opts_.topo.rank);
   int my = it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
   auto ps = std::make_shared<ProcessSet>(id, ranks, my, config_.cache_capacity);
-  if (my >= 0) ps->comm = MakeComm(id, ranks, my);
+  if (my >= 0) {
+    ps->comm = MakeComm(id, ranks, my);
+    ps->transport = ps->comm->kind();
+  }
   return ps;
 }
 
@@ -498,7 +501,7 @@ std::vector<int32_t> Runtime::ProcessSetIds() {
 
 std::string Runtime::TransportOf(int32_t id) {
   auto ps = FindSet(id);
-  return ps->comm ? ps->comm->kind() : "none (not a member)";
+  return ps->member() ? ps->transport : "none (not a member)";
 }
 
 void Runtime::Shutdown() {
