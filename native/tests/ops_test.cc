@@ -129,6 +129,7 @@ class TwinComm : public Comm {
 // A backend that serves one device type while `usable` says so, and counts calls.
 class FakeBackend : public OpBackend {
  public:
+  const char* key() const override { return "fake"; }
   FakeBackend(const char* name, DeviceType type, const bool* usable)
       : name_(name), type_(type), usable_(usable) {}
   const char* name() const override { return name_; }
@@ -248,6 +249,10 @@ TEST(BackendChoice, DeviceBackendRunsCudaResponses) {
   EXPECT_EQ(nccl->calls, 1);
   EXPECT_EQ(static_cast<TwinComm&>(*ps.comm).calls, 0);
   EXPECT_EQ(dev->to_host, 0);
+  // counters() shows which backend ran it (what tests/gpu checks NCCL by).
+  std::map<std::string, int64_t> counts = ops.Counters();
+  EXPECT_EQ(counts["backend.fake"], 1);
+  EXPECT_EQ(counts.count("backend.host"), 0u);
   dev->Free(kGpu, x);
 }
 

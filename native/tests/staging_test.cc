@@ -169,6 +169,7 @@ TEST(HostStaging, UsesPinnedPooledBuffersAndFencesBeforeReusingThem) {
 // A backend whose asynchronous health check fails once `broken` is set.
 class PollingBackend : public OpBackend {
  public:
+  const char* key() const override { return "polling"; }
   const char* name() const override { return "polling"; }
   bool Enabled(const Response&, Device d) const override { return d.type == DeviceType::kCUDA; }
   Status Allreduce(const OpContext&, const void*, void*, size_t, DataType, ReduceOp) override {

@@ -12,6 +12,8 @@ import os
 import torch
 
 import spark_dl.torch as hvd
+from spark_dl import _core
+from spark_dl.common.basics import counters
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INTS = (torch.uint8, torch.int8, torch.int32, torch.int64)
@@ -128,8 +130,23 @@ def allreduce_matrix():
     expected = _reduce([_input(r, (64, 48), torch.float32, "Sum", 7) for r in range(n)],
                        "Sum").t()
     _compare("allreduce_ non-contiguous", view, expected, torch.float32, dev, errors)
+    _check_paths(errors)
     hvd.shutdown()
     return errors
+
+
+def _check_paths(errors):
+    """That the CUDA allreduces took the path under test (counters() by backend): NCCL
+    wherever it is usable (it stages through host memory itself when ranks share a GPU),
+    and its hierarchical path when SDL_HIERARCHICAL_ALLREDUCE=1."""
+    counts = counters()
+    if _core.gpu_runtime_info().get("nccl_usable") and not counts.get("backend.nccl"):
+        errors.append(f"NCCL is usable but no allreduce ran on it: counters {counts}")
+    if hvd.size() == 1 and counts.get("nccl.shared_gpu"):
+        errors.append(f"one rank, yet allreduces were staged as for a shared GPU: {counts}")
+    if os.environ.get("SDL_HIERARCHICAL_ALLREDUCE") == "1" and not counts.get("nccl.hierarchical"):
+        errors.append(f"SDL_HIERARCHICAL_ALLREDUCE=1 but no allreduce took the hierarchical "
+                      f"path: counters {counts}")
 
 
 def other_ops():

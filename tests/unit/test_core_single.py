@@ -62,7 +62,9 @@ def test_a_handle_outliving_its_runtime_says_it_was_shut_down():
 
 def test_size_one_results(initialized):
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    before = sdl.counters().get("backend.host", 0)
     assert np.array_equal(sdl.allreduce(x, op=sdl.Sum), x)
+    assert sdl.counters()["backend.host"] == before + 1  # which backend ran it
     assert np.array_equal(sdl.allgather(x), x)
     assert np.array_equal(sdl.broadcast(x, 0), x)
     out, splits = sdl.alltoall(x)

@@ -30,6 +30,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "comm/comm.h"
@@ -91,6 +93,11 @@ class OpBackend {
   // ends the runtime like a transport failure: every in-flight and later
   // handle fails with the message.
   virtual Status Poll() { return Status::OK(); }
+
+  // Counter key of this backend (counters()["backend.<key>"]: responses it ran).
+  virtual const char* key() const = 0;
+  // Adds this backend's own counters (e.g. which of its paths ran) to *out.
+  virtual void AddCounters(std::map<std::string, int64_t>* out) const {}
 };
 
 }  // namespace sdl

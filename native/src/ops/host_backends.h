@@ -14,6 +14,7 @@ namespace sdl {
 class HostTransportBackend : public OpBackend {
  public:
   const char* name() const override { return "host transport"; }
+  const char* key() const override { return "host"; }
   bool Enabled(const Response& r, Device d) const override { return d.host(); }
   Status Allreduce(const OpContext& ctx, const void* in, void* out, size_t count, DataType dt,
                    ReduceOp op) override;
@@ -37,6 +38,7 @@ class HostStagedBackend : public OpBackend {
   // memory: the device type's memory (not owned); host: the host backend (not owned).
   HostStagedBackend(DeviceMemory* memory, OpBackend* host) : memory_(memory), host_(host) {}
   const char* name() const override { return "host-staged transport"; }
+  const char* key() const override { return "host_staged"; }
   bool Enabled(const Response& r, Device d) const override { return d.type == memory_->type(); }
   Status Allreduce(const OpContext& ctx, const void* in, void* out, size_t count, DataType dt,
                    ReduceOp op) override;

@@ -221,15 +221,20 @@ Status NcclBackend::HierarchicalRun(const OpContext& ctx, const HostLayout& layo
                      [&](gpu::NcclCommunicator* c) { return c->Allgather(i, o, counts, t); });
       });
   CommAcrossHosts across(ps.comm.get(), &layout);
-  return HierarchicalAllreduce(layout, intra, across, *memory_, scratch_, ctx.device, in, out,
-                               count, dt, op);
+  SDL_RETURN_IF_ERROR(HierarchicalAllreduce(layout, intra, across, *memory_, scratch_, ctx.device,
+                                            in, out, count, dt, op));
+  hierarchical_runs_++;
+  return Status::OK();
 }
 
 Status NcclBackend::Allreduce(const OpContext& ctx, const void* in, void* out, size_t count,
                               DataType dt, ReduceOp op) {
   bool shared = false;
   SDL_RETURN_IF_ERROR(SharesGpu(ctx, &shared));
-  if (shared) return staged_.Allreduce(ctx, in, out, count, dt, op);
+  if (shared) {
+    shared_runs_++;
+    return staged_.Allreduce(ctx, in, out, count, dt, op);
+  }
   if (const HostLayout* layout = LayoutFor(ctx))
     return HierarchicalRun(ctx, *layout, in, out, count, dt, op);
   return Run(ctx, "allreduce", [&](gpu::NcclCommunicator* c) {

@@ -36,6 +36,7 @@
 // through host staging instead, so the choice stays the same on every member.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -72,6 +73,14 @@ class NcclBackend : public OpBackend {
       : memory_(memory), usable_(usable), hierarchical_(hierarchical), comms_(options),
         local_comms_(options), staged_(memory, &host_), scratch_(memory) {}
   const char* name() const override { return "NCCL"; }
+  const char* key() const override { return "nccl"; }
+  // "nccl.hierarchical": allreduces that took the hierarchical path;
+  // "nccl.shared_gpu": allreduces staged through host memory because members
+  // share a GPU (NCCL refuses that).
+  void AddCounters(std::map<std::string, int64_t>* out) const override {
+    (*out)["nccl.hierarchical"] = hierarchical_runs_.load();
+    (*out)["nccl.shared_gpu"] = shared_runs_.load();
+  }
   bool Enabled(const Response& r, Device d) const override;
   Status Allreduce(const OpContext& ctx, const void* in, void* out, size_t count, DataType dt,
                    ReduceOp op) override;
@@ -86,6 +95,8 @@ class NcclBackend : public OpBackend {
   Status Poll() override;
 
  private:
+  std::atomic<int64_t> hierarchical_runs_{0};
+  std::atomic<int64_t> shared_runs_{0};
   // The communicator of (ctx.ps, ctx.device), its stream ordered after the core
   // stream; then `run` enqueues the collective; then the core stream waits for it.
   template <typename Fn>

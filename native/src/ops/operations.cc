@@ -113,7 +113,11 @@ Status Operations::Select(const Response& r, Device d, OpBackend** backend,
                           DeviceMemory** memory) const {
   *backend = Choose(r, d);
   *memory = MemoryFor(d);
-  if (*backend && *memory) return Status::OK();
+  if (*backend && *memory) {
+    std::lock_guard<std::mutex> lk(counts_mu_);
+    runs_[std::string("backend.") + (*backend)->key()]++;
+    return Status::OK();
+  }
   return Status::Fail(ErrorCode::kInvalidArgument,
                       std::string(OpTypeName(r.op)) + " of '" + r.names[0] + "': no backend for " +
                           DeviceName(d) + " tensors on this rank");
@@ -130,6 +134,16 @@ Status Operations::Fusion(Device d, DataType dt, int32_t ps_id, size_t bytes, vo
   }
   *p = buf.data;
   return Status::OK();
+}
+
+std::map<std::string, int64_t> Operations::Counters() const {
+  std::map<std::string, int64_t> out;
+  {
+    std::lock_guard<std::mutex> lk(counts_mu_);
+    out = runs_;
+  }
+  for (const Registered& b : backends_) b.backend->AddCounters(&out);
+  return out;
 }
 
 Status Operations::Poll() {

@@ -18,6 +18,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -65,6 +66,9 @@ class Operations {
 
   // Every backend's Poll (OpBackend::Poll); the first failure. Background thread.
   Status Poll();
+  // "backend.<key>": responses each backend ran (a fused allreduce counts once),
+  // plus the backends' own counters. Any thread.
+  std::map<std::string, int64_t> Counters() const;
 
   // Frees the fusion buffers of a process set (removed, or the runtime ends).
   void ReleaseSet(int32_t ps_id);
@@ -95,6 +99,8 @@ class Operations {
                           const std::vector<Entry*>& entries, const Scaling& post, bool* done);
 
   std::vector<Registered> backends_;  // sorted by priority
+  mutable std::mutex counts_mu_;
+  mutable std::map<std::string, int64_t> runs_;  // responses run, by backend key (Select)
   OpBackend* host_backend_ = nullptr;
   HostMemory host_memory_;
   // Shared: device outputs handed to the caller keep their memory alive (a

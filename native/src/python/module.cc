@@ -559,6 +559,7 @@ NB_MODULE(_core, m) {
         {"cache_hits", c.cache_hits}, {"negotiated", c.negotiated},
         {"collectives", c.collectives}, {"fused_tensors", c.fused_tensors},
         {"tensors", c.tensors}, {"bytes", c.bytes}};
+    for (auto& [k, v] : Rt().operations().Counters()) d[k] = v;
     return d;
   });
   m.def("config", [] { return Rt().config().Items(); });
