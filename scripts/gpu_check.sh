@@ -229,6 +229,7 @@ why = "; ".join(str(g[k]) for k in ("cuda_reason", "nccl_reason") if g.get(k))
 print("ok" if not wrong else "FAILED (not " + ", not ".join(wrong) + (f": {why}" if why else "") + ")")
 EOF
 )
+RESULT[nccl]=${RESULT[nccl]:-"FAILED (could not ask the build)"}
 if [[ "${RESULT[nccl]}" != ok && "${SDL_GPU_CHECK_ALLOW_NO_NCCL:-0}" == 1 ]]; then
     RESULT[nccl]="allowed: ${RESULT[nccl]}"
 fi
@@ -267,6 +268,7 @@ print(f"ok ({gpu} tests/gpu tests)" if gpu and not bad else
       f"FAILED ({len(bad)} tests/gpu test(s) skipped for no good reason: " + " | ".join(bad[:4]) + ")")
 EOF
 )
+    RESULT[skips]=${RESULT[skips]:-"FAILED (could not read the test report)"}
     stage_time tests
 fi
 
