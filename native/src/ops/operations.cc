@@ -110,12 +110,12 @@ Device Operations::DeviceFor(const Response& r, const std::vector<Entry*>& entri
 }
 
 Status Operations::Select(const Response& r, Device d, OpBackend** backend,
-                          DeviceMemory** memory) const {
+                          DeviceMemory** memory) {
   *backend = Choose(r, d);
   *memory = MemoryFor(d);
   if (*backend && *memory) {
     std::lock_guard<std::mutex> lk(counts_mu_);
-    runs_[std::string("backend.") + (*backend)->key()]++;
+    runs_[*backend]++;
     return Status::OK();
   }
   return Status::Fail(ErrorCode::kInvalidArgument,
@@ -140,7 +140,7 @@ std::map<std::string, int64_t> Operations::Counters() const {
   std::map<std::string, int64_t> out;
   {
     std::lock_guard<std::mutex> lk(counts_mu_);
-    out = runs_;
+    for (const auto& [backend, runs] : runs_) out[std::string("backend.") + backend->key()] = runs;
   }
   for (const Registered& b : backends_) b.backend->AddCounters(&out);
   return out;

@@ -89,7 +89,8 @@ class Operations {
   DeviceMemory* MemoryFor(Device d) const;
   // The device of a response's tensors on this rank (see the .cc on joined ranks).
   Device DeviceFor(const Response& r, const std::vector<Entry*>& entries);
-  Status Select(const Response& r, Device d, OpBackend** backend, DeviceMemory** memory) const;
+  // The backend and memory for r on d, counted as a run of that backend.
+  Status Select(const Response& r, Device d, OpBackend** backend, DeviceMemory** memory);
   Status Fusion(Device d, DataType dt, int32_t ps_id, size_t bytes, void** p);
   Status AllocateOutput(Device d, DataType dt, std::vector<int64_t> shape,
                         std::shared_ptr<Buffer>* out);
@@ -100,7 +101,7 @@ class Operations {
 
   std::vector<Registered> backends_;  // sorted by priority
   mutable std::mutex counts_mu_;
-  mutable std::map<std::string, int64_t> runs_;  // responses run, by backend key (Select)
+  std::map<const OpBackend*, int64_t> runs_;  // responses run, by backend (Select)
   OpBackend* host_backend_ = nullptr;
   HostMemory host_memory_;
   // Shared: device outputs handed to the caller keep their memory alive (a
