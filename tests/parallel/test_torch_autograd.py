@@ -23,7 +23,7 @@ CASES = [
 
 
 def _launch(np_):
-    return run_once(_results, np_, lambda: run_ranks("torch_workers:autograd_and_sync_bn",
+    return run_once(_results, np_, lambda: run_ranks("torch_autograd_workers:autograd_and_sync_bn",
                                                      np_, timeout=240))
 
 
