@@ -49,7 +49,7 @@ TEST_P(GlooRing, SumMatchesOnEveryMember) {
 // bytes (uneven blocks of 1-1.6 MB, which move whole); 9 MiB + 12 bytes
 // (blocks of 3-4.5 MiB, which move in chunks of about 1 MiB).
 INSTANTIATE_TEST_SUITE_P(Sizes, GlooRing,
-                         ::testing::Combine(::testing::Values(2, 3),
+                         ::testing::Combine(::testing::Values(2, 3, 4),
                                             ::testing::Values(size_t{40000}, size_t{819200},
                                                               size_t{786437}, size_t{2359299})));
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,13 @@ class Comm {
   // pieces in dst order, out receives pieces in src order.
   virtual void Alltoallv(const void* in, void* out, const std::vector<size_t>& matrix) = 0;
   virtual void Barrier() = 0;
+  // The negotiation cycle's agreement: bits (words words) becomes the AND of
+  // every member's bits. Every member calls it once per cycle with the same
+  // words, and words stays the same for the communicator's life (transports
+  // may post the next call's receives ahead). Default: Allreduce.
+  virtual void AgreeBits(uint64_t* bits, size_t words) {
+    Allreduce(bits, words, DataType::kUInt64, ReduceOp::kBitAnd);
+  }
   // out (counts[rank] elements) receives this rank's slice of the reduction of
   // in (sum of counts elements). Default: allreduce a copy and slice it.
   virtual void Reducescatter(const void* in, void* out, const std::vector<size_t>& counts,

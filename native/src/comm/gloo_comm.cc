@@ -16,6 +16,7 @@
 #include <gloo/types.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include "common/reduce.h"
 
@@ -56,6 +57,7 @@ constexpr size_t kRingChunkBytes = 1024 * 1024;
 constexpr uint8_t kRingSlotPrefix = 0x53;
 constexpr uint8_t kDoublingSlotPrefix = 0x54;
 constexpr uint8_t kGatherSlotPrefix = 0x55;
+constexpr uint8_t kAgreeSlotPrefix = 0x56;
 
 // Exchange rounds of recursive doubling on n ranks: log2 of the largest power
 // of two <= n, plus a fold and an unfold round for the ranks beyond it.
@@ -222,6 +224,100 @@ void GlooComm::DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp 
   }
 }
 
+// The negotiation cycle's AND (AgreeBits). Gloo sends a message only once
+// the receiver has posted its receive (the receive's notice travels to the
+// sender first), so a message whose receive is posted when the send starts
+// saves a one-way trip and a wake-up of the sender's I/O thread. Every cycle
+// makes exactly one call, of the same size, so each call ends by posting the
+// next one's receives. On 2 and 3 ranks every member sends its bits to every
+// other at once (one round); from 4 on, recursive doubling (log2 rounds, and
+// a fold and an unfold when the size is not a power of two), every round's
+// receive posted ahead on its own buffer (a partner a round ahead may send
+// before this rank finished the previous round). AND is exact and
+// commutative: every order gives the same bits.
+void GlooComm::PlanAgreement(size_t words) {
+  const int n = size_, r = rank_;
+  agree_words_ = words;
+  if (DoublingRounds(n) >= n - 1) {
+    for (int q = 0; q < n; ++q)
+      if (q != r) agree_steps_.push_back({q, 0, true, true});
+  } else {
+    int p2 = 1, rounds = 0;
+    while (p2 * 2 <= n) p2 *= 2, ++rounds;
+    if (r >= p2) {
+      agree_steps_.push_back({r - p2, 0, true, false});           // fold into r - p2
+      agree_steps_.push_back({r - p2, rounds + 1, false, true});  // the result back
+    } else {
+      if (r + p2 < n) agree_steps_.push_back({r + p2, 0, false, true});
+      for (int k = 0; k < rounds; ++k) agree_steps_.push_back({r ^ (1 << k), 1 + k, true, true});
+      if (r + p2 < n) agree_steps_.push_back({r + p2, rounds + 1, true, false});
+    }
+  }
+  const size_t steps = agree_steps_.size(), bytes = words * sizeof(uint64_t);
+  agree_in_.assign(steps * words, 0);
+  agree_out_.assign(steps * words, 0);
+  agree_recv_.resize(steps);
+  for (size_t i = 0; i < steps; ++i)
+    if (agree_steps_[i].recv) agree_recv_[i] = ctx_->createUnboundBuffer(&agree_in_[i * words], bytes);
+  agree_send_ = ctx_->createUnboundBuffer(agree_out_.data(), steps * bytes);
+}
+
+void GlooComm::PostAgreeRecvs() {
+  const uint64_t base = gloo::Slot::build(kAgreeSlotPrefix, agree_seq_);
+  for (size_t i = 0; i < agree_steps_.size(); ++i) {
+    const AgreeStep& st = agree_steps_[i];
+    if (st.recv) agree_recv_[i]->recv(st.peer, base + st.phase, 0, agree_words_ * sizeof(uint64_t));
+  }
+}
+
+void GlooComm::AgreeBits(uint64_t* bits, size_t words) {
+  if (size_ == 1 || words == 0) return;
+  if (agree_steps_.empty()) PlanAgreement(words);
+  if (words != agree_words_)
+    throw Error(ErrorCode::kMismatch, "negotiation bit vector changed size: " +
+                                          std::to_string(agree_words_) + " -> " +
+                                          std::to_string(words) + " words");
+  const auto timeout = ctx_->getTimeout();
+  const size_t bytes = words * sizeof(uint64_t);
+  try {
+    if (!agree_posted_) PostAgreeRecvs();
+    agree_posted_ = false;
+    const uint64_t base = gloo::Slot::build(kAgreeSlotPrefix, agree_seq_++);
+    size_t sends = 0;
+    // Steps of one phase: every send goes out (this rank's bits so far), then
+    // every receive is folded in.
+    for (size_t i = 0; i < agree_steps_.size();) {
+      size_t end = i;
+      while (end < agree_steps_.size() && agree_steps_[end].phase == agree_steps_[i].phase) ++end;
+      for (size_t k = i; k < end; ++k) {
+        const AgreeStep& st = agree_steps_[k];
+        if (!st.send) continue;
+        std::memcpy(&agree_out_[k * words], bits, bytes);
+        agree_send_->send(st.peer, base + st.phase, k * bytes, bytes);
+        ++sends;
+      }
+      for (size_t k = i; k < end; ++k) {
+        if (!agree_steps_[k].recv) continue;
+        agree_recv_[k]->waitRecv(timeout);
+        const uint64_t* theirs = &agree_in_[k * words];
+        for (size_t w = 0; w < words; ++w) bits[w] &= theirs[w];
+      }
+      i = end;
+    }
+    for (size_t k = 0; k < sends; ++k) agree_send_->waitSend(timeout);
+  } catch (const gloo::Exception& e) {
+    Rethrow("negotiation", e);
+  }
+  // Ahead for the next call. After the last cycle (a stop) peers close their
+  // connections at once, and posting to one that left fails: that is no
+  // error of this call. The next call, if any, posts again and reports it.
+  try {
+    PostAgreeRecvs();
+    agree_posted_ = true;
+  } catch (const gloo::Exception&) {
+  }
+}
+
 void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) {
   const size_t es = DataTypeSize(dt);
   const int n = size_;
@@ -231,48 +327,69 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
   for (int q = 0; q <= n; ++q) first[q] = count * static_cast<size_t>(q) / n;
   size_t max_block = 0;
   for (int q = 0; q < n; ++q) max_block = std::max(max_block, first[q + 1] - first[q]);
-  ring_tmp_.resize(max_block * es);
+  // Step s sends block out[s] right while block in[s] comes from the left:
+  // reduce-scatter (n - 1 steps; after them this rank holds block (rank + 1)
+  // % n fully reduced), then allgather (n - 1 steps passing the reduced
+  // blocks around).
+  const int steps = 2 * (n - 1);
+  std::vector<int> out(steps), in(steps);
+  for (int s = 0; s < n - 1; ++s) {
+    out[s] = (rank_ - s + n) % n;
+    in[s] = (rank_ - s - 1 + 2 * n) % n;
+    out[n - 1 + s] = (rank_ + 1 - s + n) % n;
+    in[n - 1 + s] = (rank_ - s + n) % n;
+  }
+  // A reduce-scatter step receives into its own region of tmp, so that every
+  // receive can be posted before the first send: Gloo sends a message only
+  // once its receive is posted, and a receive posted late costs the sender a
+  // wait for the notice. An allgather step receives straight into buf: the
+  // left neighbour sends a reduced block only after this rank's send of that
+  // block went out. Messages from one neighbour complete in the order sent,
+  // so counting completions per buffer tells the steps apart.
+  ring_tmp_.resize(static_cast<size_t>(n - 1) * max_block * es);
   // Elements per chunk of a block of len elements; the sender and the receiver
   // of a block compute it from the same length, so their messages match.
   auto chunk_of = [es](size_t len) {
     const size_t chunks = std::max<size_t>(len * es / kRingChunkBytes, 1);
     return std::max<size_t>((len + chunks - 1) / chunks, 1);
   };
+  auto len_of = [&](int block) { return first[block + 1] - first[block]; };
   const auto timeout = ctx_->getTimeout();
+  const uint32_t tag0 = tag_;
+  tag_ += steps;
   try {
     auto data = ctx_->createUnboundBuffer(buf, count * es);
     auto tmp = ctx_->createUnboundBuffer(ring_tmp_.data(), ring_tmp_.size());
-    // One step: send block `out` right while block `in` comes from the left,
-    // chunk by chunk; reduce_in: received chunks go to tmp and are reduced
-    // into buf, else they land in buf directly.
-    auto step = [&](int out, int in, bool reduce_in) {
-      const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, tag_++);
-      const size_t in_len = first[in + 1] - first[in], out_len = first[out + 1] - first[out];
-      const size_t in_chunk = chunk_of(in_len), out_chunk = chunk_of(out_len);
-      size_t recvs = 0, sends = 0;
-      for (size_t off = 0; off < in_len; off += in_chunk, ++recvs) {
-        const size_t len = std::min(in_chunk, in_len - off);
-        if (reduce_in) tmp->recv(left, slot, off * es, len * es);
-        else data->recv(left, slot, (first[in] + off) * es, len * es);
+    std::vector<size_t> recvs(steps, 0);
+    for (int s = 0; s < steps; ++s) {
+      const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, tag0 + s);
+      const size_t len = len_of(in[s]), chunk = chunk_of(len);
+      for (size_t off = 0; off < len; off += chunk, ++recvs[s]) {
+        const size_t n_el = std::min(chunk, len - off);
+        if (s < n - 1) tmp->recv(left, slot, (s * max_block + off) * es, n_el * es);
+        else data->recv(left, slot, (first[in[s]] + off) * es, n_el * es);
       }
+    }
+    for (int s = 0; s < steps; ++s) {
+      const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, tag0 + s);
+      const size_t out_len = len_of(out[s]), out_chunk = chunk_of(out_len);
+      size_t sends = 0;
       for (size_t off = 0; off < out_len; off += out_chunk, ++sends)
-        data->send(right, slot, (first[out] + off) * es, std::min(out_chunk, out_len - off) * es);
-      for (size_t i = 0; i < recvs; ++i) {
-        if (reduce_in) {
+        data->send(right, slot, (first[out[s]] + off) * es, std::min(out_chunk, out_len - off) * es);
+      const size_t in_len = len_of(in[s]), in_chunk = chunk_of(in_len);
+      for (size_t i = 0; i < recvs[s]; ++i) {
+        if (s < n - 1) {
+          // A received chunk is reduced while the next ones are on the wire.
           tmp->waitRecv(timeout);
           const size_t off = i * in_chunk, len = std::min(in_chunk, in_len - off);
-          char* dst = buf + (first[in] + off) * es;
-          Reduce(dst, ring_tmp_.data() + off * es, dst, len, dt, op);
+          char* dst = buf + (first[in[s]] + off) * es;
+          Reduce(dst, ring_tmp_.data() + (s * max_block + off) * es, dst, len, dt, op);
         } else {
           data->waitRecv(timeout);
         }
       }
       for (size_t i = 0; i < sends; ++i) data->waitSend(timeout);
-    };
-    // Reduce-scatter: after n-1 steps this rank holds block (rank+1) % n fully reduced.
-    for (int s = 0; s < n - 1; ++s) step((rank_ - s + n) % n, (rank_ - s - 1 + 2 * n) % n, true);
-    // Allgather: pass the reduced blocks around the ring.
-    for (int s = 0; s < n - 1; ++s) step((rank_ + 1 - s + n) % n, (rank_ - s + n) % n, false);
+    }
   } catch (const gloo::Exception& e) {
     Rethrow("allreduce", e);
   }

@@ -12,7 +12,10 @@
 namespace gloo {
 class Context;
 namespace rendezvous { class Store; }
-namespace transport { class Device; }
+namespace transport {
+class Device;
+class UnboundBuffer;
+}  // namespace transport
 }  // namespace gloo
 
 namespace sdl {
@@ -37,6 +40,8 @@ class GlooComm : public Comm {
   const char* kind() const override { return "gloo"; }
 
   void Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) override;
+  // Receives for the next call are posted when a call ends (gloo_comm.cc).
+  void AgreeBits(uint64_t* bits, size_t words) override;
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
   std::vector<std::string> GatherBytes(const std::string& mine, int root) override;
   void Broadcast(void* buf, size_t bytes, int root) override;
@@ -48,6 +53,10 @@ class GlooComm : public Comm {
   void GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, ReduceOp op);
   void RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op);
   void DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op);
+  // AgreeBits' schedule (agree_steps_) and buffers, and the posting of one
+  // call's receives.
+  void PlanAgreement(size_t words);
+  void PostAgreeRecvs();
   std::shared_ptr<gloo::Context> ctx_;
   int rank_, size_;
   std::vector<int> global_ranks_;
@@ -55,6 +64,20 @@ class GlooComm : public Comm {
   std::vector<uint8_t> gather_;    // GatherReduce's receive buffer, reused
   std::vector<char> ring_tmp_;     // RingAllreduce's receive block, reused
   std::vector<char> doubling_tmp_; // DoublingAllreduce's receive buffer, reused
+  // AgreeBits. Declared after ctx_: the buffers (which hold the context) go
+  // first, and a receive still posted at the end is simply dropped.
+  struct AgreeStep {
+    int peer;
+    int phase;  // the message's slot within a call, the same on both ends
+    bool send, recv;
+  };
+  std::vector<AgreeStep> agree_steps_;
+  size_t agree_words_ = 0;
+  uint32_t agree_seq_ = 0;             // calls so far: the slot of the next one
+  bool agree_posted_ = false;          // the next call's receives are posted
+  std::vector<uint64_t> agree_in_, agree_out_;  // one region of words per step
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> agree_recv_;  // one per step
+  std::unique_ptr<gloo::transport::UnboundBuffer> agree_send_;
 };
 
 }  // namespace sdl

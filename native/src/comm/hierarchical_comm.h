@@ -37,6 +37,11 @@ class HierarchicalComm : public Comm {
     if (cross_) cross_->Allreduce(out, count, dt, op);
     local_->Broadcast(out, count * DataTypeSize(dt), 0);
   }
+  void AgreeBits(uint64_t* bits, size_t words) override {
+    local_->AgreeBits(bits, words);
+    if (cross_) cross_->AgreeBits(bits, words);
+    local_->Broadcast(bits, words * sizeof(uint64_t), 0);
+  }
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override {
     flat_->Allgatherv(in, out, bytes);
   }

@@ -42,7 +42,7 @@ bool Controller::Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutd
   if (ps.joined) flags |= kJoinedFlag;
   bits[0] = ~flags;
   bits[1] = static_cast<uint64_t>(std::max<int64_t>(cfg.fusion_threshold, 0));
-  ps.comm->Allreduce(bits.data(), words, DataType::kUInt64, ReduceOp::kBitAnd);
+  ps.comm->AgreeBits(bits.data(), words);
   flags = ~bits[0];
   const int64_t threshold = static_cast<int64_t>(bits[1]);  // identical on every member
   counters_.cycles++;
