@@ -5,14 +5,10 @@
 // communicator, against the AND computed here.
 #include <gtest/gtest.h>
 
-#include <gloo/rendezvous/hash_store.h>
-
 #include <cstdint>
-#include <memory>
-#include <thread>
 #include <vector>
 
-#include "comm/gloo_comm.h"
+#include "run_ranks.h"
 
 namespace sdl {
 namespace {
@@ -27,38 +23,26 @@ TEST_P(GlooAgree, AndOfEveryMemberOnEveryCall) {
   const int n = GetParam();
   constexpr size_t kWords = 3;
   constexpr int kCalls = 12;
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-      std::vector<int> ranks(n);
-      for (int q = 0; q < n; ++q) ranks[q] = q;
-      GlooComm comm(MakeGlooDevice("", "127.0.0.1"), *store, r, n, ranks, 60, 60);
-      for (int c = 0; c < kCalls; ++c) {
-        std::vector<uint64_t> bits(kWords);
-        for (size_t w = 0; w < kWords; ++w) bits[w] = Word(r, w, c);
-        comm.AgreeBits(bits.data(), kWords);
-        for (size_t w = 0; w < kWords; ++w) {
-          uint64_t want = ~uint64_t{0};
-          for (int q = 0; q < n; ++q) want &= Word(q, w, c);
-          EXPECT_EQ(bits[w], want) << "member " << r << " call " << c << " word " << w;
-        }
-        // Other traffic between cycles (as collectives run between them) must
-        // not meet the receives already posted for the next call.
-        if (c % 3 == 1) {
-          std::vector<float> x(64, 1.0f);
-          comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
-          EXPECT_EQ(x[63], static_cast<float>(n));
-          comm.Barrier();
-        }
+  RunGlooMembers(n, [&](int r, GlooComm& comm) {
+    for (int c = 0; c < kCalls; ++c) {
+      std::vector<uint64_t> bits(kWords);
+      for (size_t w = 0; w < kWords; ++w) bits[w] = Word(r, w, c);
+      comm.AgreeBits(bits.data(), kWords);
+      for (size_t w = 0; w < kWords; ++w) {
+        uint64_t want = ~uint64_t{0};
+        for (int q = 0; q < n; ++q) want &= Word(q, w, c);
+        EXPECT_EQ(bits[w], want) << "member " << r << " call " << c << " word " << w;
       }
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << "member " << r << ": " << e.what();
+      // Other traffic between cycles (as collectives run between them) must
+      // not meet the receives already posted for the next call.
+      if (c % 3 == 1) {
+        std::vector<float> x(64, 1.0f);
+        comm.Allreduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
+        EXPECT_EQ(x[63], static_cast<float>(n));
+        comm.Barrier();
       }
-    });
-  }
-  for (auto& t : threads) t.join();
+    }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Members, GlooAgree, ::testing::Values(2, 3, 4, 5, 6, 8));

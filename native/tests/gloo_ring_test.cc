@@ -3,14 +3,10 @@
 // several calls in a row, against the exact sum (small integers in float32).
 #include <gtest/gtest.h>
 
-#include <gloo/rendezvous/hash_store.h>
-
-#include <memory>
-#include <string>
-#include <thread>
+#include <tuple>
 #include <vector>
 
-#include "comm/gloo_comm.h"
+#include "run_ranks.h"
 
 namespace sdl {
 namespace {
@@ -20,29 +16,21 @@ class GlooRing : public ::testing::TestWithParam<std::tuple<int, size_t>> {};
 TEST_P(GlooRing, SumMatchesOnEveryMember) {
   const int n = std::get<0>(GetParam());
   const size_t count = std::get<1>(GetParam());
-  auto store = std::make_shared<gloo::rendezvous::HashStore>();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      std::vector<int> ranks(n);
-      for (int q = 0; q < n; ++q) ranks[q] = q;
-      GlooComm comm(MakeGlooDevice("", "127.0.0.1"), *store, r, n, ranks, 60, 60);
-      std::vector<float> buf(count);
-      for (int call = 0; call < 2; ++call) {
-        // Member r holds (i % 97) * (r + 1) + call: the sum is exact in float32.
-        for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((i % 97) * (r + 1) + call);
-        comm.Allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
-        size_t wrong = 0, first = count;
-        for (size_t i = 0; i < count; ++i) {
-          const float want = static_cast<float>((i % 97) * (n * (n + 1) / 2) + call * n);
-          if (buf[i] != want && wrong++ == 0) first = i;
-        }
-        EXPECT_EQ(wrong, 0u) << "member " << r << " call " << call << ": first wrong element "
-                             << first << " of " << count;
+  RunGlooMembers(n, [&](int r, GlooComm& comm) {
+    std::vector<float> buf(count);
+    for (int call = 0; call < 2; ++call) {
+      // Member r holds (i % 97) * (r + 1) + call: the sum is exact in float32.
+      for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((i % 97) * (r + 1) + call);
+      comm.Allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      size_t wrong = 0, first = count;
+      for (size_t i = 0; i < count; ++i) {
+        const float want = static_cast<float>((i % 97) * (n * (n + 1) / 2) + call * n);
+        if (buf[i] != want && wrong++ == 0) first = i;
       }
-    });
-  }
-  for (auto& t : threads) t.join();
+      EXPECT_EQ(wrong, 0u) << "member " << r << " call " << call << ": first wrong element "
+                           << first << " of " << count;
+    }
+  });
 }
 
 // Element counts: just above the small-message paths; 3.2 MB and 3 MiB + 20

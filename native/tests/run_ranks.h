@@ -1,4 +1,5 @@
-// Runtimes as threads of one process, for the C++ tests that need peers.
+// Runtimes (or bare Gloo communicators) as threads of one process, for the
+// C++ tests that need peers.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/gloo_comm.h"
 #include "core/runtime.h"
 
 namespace sdl {
@@ -37,6 +39,27 @@ inline void RunRanks(int n, const std::string& transport,
       Runtime rt(std::move(o));
       EXPECT_EQ(rt.TransportOf(0), transport);
       body(r, rt);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Runs body(member, comm) on n Gloo communicators over the loopback, each
+// built and destroyed on its own thread. An exception in a member fails the
+// test naming the member (and ends that member, so its peers fail too).
+inline void RunGlooMembers(int n, const std::function<void(int, GlooComm&)>& body) {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::vector<int> ranks(n);
+        for (int q = 0; q < n; ++q) ranks[q] = q;
+        GlooComm comm(MakeGlooDevice("", "127.0.0.1"), *store, r, n, ranks, 60, 60);
+        body(r, comm);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "member " << r << ": " << e.what();
+      }
     });
   }
   for (auto& t : threads) t.join();
