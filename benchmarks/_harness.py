@@ -34,6 +34,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_MARK = "SDL_BENCH_RESULT "
+# Rank 0 prints its result as lines of at most this many JSON characters, each marked
+# "index count": launchers forward a longer line in pieces (sdlrun cuts at 64 KiB).
+RESULT_PART_CHARS = 16000
 PEERS = ("spark_dl", "spark_dl_gloo", "spark_dl_mpi", "torch", "mpi")
 PEER_LABELS = {"spark_dl": "spark_dl", "spark_dl_gloo": "spark_dl (Gloo TCP)",
                "spark_dl_mpi": "spark_dl (MPI)",
@@ -116,13 +119,38 @@ def run_peer(script, peer, args=(), np_=2, timeout=600, mpi_args=()):
     ``mpi_args`` are extra ``mpirun`` options (the mpi peer only).
     """
     procs = _LAUNCHERS[peer](script, peer, [str(a) for a in args], np_, timeout, mpi_args)
-    for p in procs:
-        for line in p.stdout.splitlines():
-            at = line.find(RESULT_MARK)
-            if at >= 0 and all(q.returncode == 0 for q in procs):
-                return json.loads(line[at + len(RESULT_MARK):])
+    if all(q.returncode == 0 for q in procs):
+        for p in procs:
+            result = parse_result(p.stdout)
+            if result is not None:
+                return result
     tail = "\n".join((p.stdout + p.stderr)[-3000:] for p in procs)
     raise RuntimeError(f"{peer} job failed (exit codes {[p.returncode for p in procs]}):\n{tail}")
+
+
+def print_result(payload, mark=RESULT_MARK):
+    """Prints a worker's result (JSON) for :func:`parse_result`, in marked lines of at most
+    ``RESULT_PART_CHARS`` characters of JSON each."""
+    text = json.dumps(payload)  # ASCII, one line
+    parts = [text[i:i + RESULT_PART_CHARS] for i in range(0, len(text), RESULT_PART_CHARS)]
+    for i, part in enumerate(parts):
+        print(f"{mark}{i} {len(parts)} {part}", flush=True)
+
+
+def parse_result(stdout, mark=RESULT_MARK):
+    """The result :func:`print_result` printed in ``stdout`` (a launcher may put a rank tag
+    before each line), or None when it is missing or incomplete."""
+    parts, count = {}, None
+    for line in stdout.splitlines():
+        at = line.find(mark)
+        if at < 0:
+            continue
+        index, total, text = (line[at + len(mark):].split(" ", 2) + ["", ""])[:3]
+        if index.isdigit() and total.isdigit():
+            parts[int(index)], count = text, int(total)
+    if count is None or sorted(parts) != list(range(count)):
+        return None
+    return json.loads("".join(parts[i] for i in range(count)))
 
 
 def cpu_idle_fraction(window):
@@ -430,7 +458,7 @@ class Backend:
     def report(self, payload):
         """Rank 0 prints the result line the driver looks for."""
         if self.rank == 0:
-            print(RESULT_MARK + json.dumps(dict(self.info, **payload)), flush=True)
+            print_result(dict(self.info, **payload))
 
 
 def check_sum(backend, arr, name):

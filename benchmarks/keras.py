@@ -362,7 +362,7 @@ def worker_main(args):
     else:
         rank, res = worker_spark_dl(args, args.worker)
     if rank == 0:
-        print(MARK + json.dumps(res), flush=True)
+        H.print_result(res, MARK)
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -377,11 +377,11 @@ def _worker_args(args, peer):
 
 
 def _result(procs):
-    for p in procs:
-        for line in p.stdout.splitlines():
-            at = line.find(MARK)  # sdlrun prefixes every line with its rank
-            if at >= 0 and all(q.returncode == 0 for q in procs):
-                return json.loads(line[at + len(MARK):])
+    if all(q.returncode == 0 for q in procs):
+        for p in procs:
+            result = H.parse_result(p.stdout, MARK)
+            if result is not None:
+                return result
     tail = "\n".join((p.stdout + p.stderr)[-3000:] for p in procs)
     raise RuntimeError(f"job failed (exit codes {[p.returncode for p in procs]}):\n{tail}")
 

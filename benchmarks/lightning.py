@@ -154,7 +154,7 @@ def worker(args):
             "parameters": sum(p.numel() for p in Module().parameters()), "rates": rates}
     dist.destroy_process_group()
     if rank == 0:
-        print(RESULT_MARK + json.dumps(info), flush=True)
+        H.print_result(info, RESULT_MARK)
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -180,10 +180,9 @@ def run_job(args, timeout=1200):
     if args.sync_dist:
         cmd.append("--sync-dist")
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    for line in p.stdout.splitlines():
-        at = line.find(RESULT_MARK)
-        if at >= 0 and p.returncode == 0:
-            return json.loads(line[at + len(RESULT_MARK):])
+    result = H.parse_result(p.stdout, RESULT_MARK) if p.returncode == 0 else None
+    if result is not None:
+        return result
     raise RuntimeError(f"job failed (exit {p.returncode}):\n{(p.stdout + p.stderr)[-4000:]}")
 
 

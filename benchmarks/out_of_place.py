@@ -86,7 +86,7 @@ def worker(args):
         iters = max(args.min_iters, min(args.iters, BYTES_PER_SIZE // nbytes))
         times[str(nbytes)] = time_size(hvd, torch, ops, nbytes, iters, args.warmup)
     if hvd.rank() == 0:
-        print(H.RESULT_MARK + H.json.dumps(dict(info, times=times)), flush=True)
+        H.print_result(dict(info, times=times))
     hvd.shutdown()
 
 

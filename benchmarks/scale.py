@@ -31,7 +31,6 @@ import time
 
 import _harness as H
 
-RESULT_MARK = H.RESULT_MARK
 TRANSPORT_ENV = {"shm": {"SDL_SHM": "1"}, "gloo": {"SDL_SHM": "0", "SDL_CONTROLLER": "gloo"},
                  "hier": {"SDL_SHM": "1", "SDL_CONTROLLER": "gloo"}}
 CACHE_ENV = {"on": {}, "off": {"SDL_CACHE_CAPACITY": "0"}}
@@ -70,7 +69,7 @@ def worker(args):
         out[label] = {"samples": samples,
                       "counters": {k: (after[k] - before[k]) / args.iters for k in COUNTERS}}
     if sdl.rank() == 0:
-        print(RESULT_MARK + json.dumps(out), flush=True)
+        H.print_result(out)
     sdl.shutdown()
 
 
@@ -86,10 +85,9 @@ def run_job(args, n, transport, cache):
     cmd = ([sys.executable, "-m", "spark_dl.runner", "-np", str(n), sys.executable,
             os.path.abspath(__file__)] + wargs)
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    for line in p.stdout.splitlines():
-        at = line.find(RESULT_MARK)
-        if at >= 0 and p.returncode == 0:
-            return json.loads(line[at + len(RESULT_MARK):])
+    result = H.parse_result(p.stdout) if p.returncode == 0 else None
+    if result is not None:
+        return result
     raise RuntimeError(f"{n} ranks over {transport}, cache {cache}: job failed (exit "
                        f"{p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
 

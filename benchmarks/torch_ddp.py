@@ -158,7 +158,7 @@ def worker(args):
     dist.destroy_process_group()
     hvd.shutdown()
     if rank == 0:
-        print(RESULT_MARK + json.dumps(info), flush=True)
+        H.print_result(info, RESULT_MARK)
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -184,10 +184,9 @@ def run_job(args, transport, timeout=900):
            str(args.warmup), "--threads", str(args.threads), "--width", str(args.width)]
     cmd += ["--compression", args.compression]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    for line in p.stdout.splitlines():
-        at = line.find(RESULT_MARK)
-        if at >= 0 and p.returncode == 0:
-            return json.loads(line[at + len(RESULT_MARK):])
+    result = H.parse_result(p.stdout, RESULT_MARK) if p.returncode == 0 else None
+    if result is not None:
+        return result
     raise RuntimeError(f"{transport} job failed (exit {p.returncode}):\n"
                        f"{(p.stdout + p.stderr)[-4000:]}")
 
