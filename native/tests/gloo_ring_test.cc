@@ -33,11 +33,12 @@ TEST_P(GlooRing, SumMatchesOnEveryMember) {
   });
 }
 
+// Members: 2-6 (from 4 on, the reduce-scatter reuses its two scratch regions).
 // Element counts: just above the small-message paths; 3.2 MB and 3 MiB + 20
 // bytes (uneven blocks of 1-1.6 MB, which move whole); 9 MiB + 12 bytes
 // (blocks of 3-4.5 MiB, which move in chunks of about 1 MiB).
 INSTANTIATE_TEST_SUITE_P(Sizes, GlooRing,
-                         ::testing::Combine(::testing::Values(2, 3, 4),
+                         ::testing::Combine(::testing::Values(2, 3, 4, 6),
                                             ::testing::Values(size_t{40000}, size_t{819200},
                                                               size_t{786437}, size_t{2359299})));
 

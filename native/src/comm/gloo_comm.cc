@@ -51,6 +51,8 @@ constexpr size_t kDoublingBytes = 64 * 1024;      // per-rank bytes (doubling fo
 // 3.3-3.4 ms whole, and 62 ms against 44-46 ms with 1 MiB chunks at 64 MiB
 // (docs/benchmarks.md).
 constexpr size_t kRingChunkBytes = 1024 * 1024;
+// Reduce-scatter steps whose receives are posted at once (RingAllreduce).
+constexpr int kRingRegions = 2;
 
 // Slot prefixes for our own point-to-point exchanges (Gloo's collectives use
 // 0x01-0x08; the tag keeps successive operations apart).
@@ -339,14 +341,19 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
     out[n - 1 + s] = (rank_ + 1 - s + n) % n;
     in[n - 1 + s] = (rank_ - s + n) % n;
   }
-  // A reduce-scatter step receives into its own region of tmp, so that every
-  // receive can be posted before the first send: Gloo sends a message only
-  // once its receive is posted, and a receive posted late costs the sender a
-  // wait for the notice. An allgather step receives straight into buf: the
-  // left neighbour sends a reduced block only after this rank's send of that
-  // block went out. Messages from one neighbour complete in the order sent,
-  // so counting completions per buffer tells the steps apart.
-  ring_tmp_.resize(static_cast<size_t>(n - 1) * max_block * es);
+  // Receives are posted ahead: Gloo sends a message only once its receive is
+  // posted, and a receive posted late costs the sender a wait for the notice.
+  // A reduce-scatter step receives into a region of tmp; there are two
+  // regions (one on 2 ranks), each step's receive is posted two steps ahead
+  // (the first two before the first send), into the region the step before
+  // last has finished reducing. So tmp stays two blocks (2/n of the buffer)
+  // however many ranks there are. An allgather step receives straight into
+  // buf, every one posted before the first send: the left neighbour sends a
+  // reduced block only after this rank's send of that block went out.
+  // Messages from one neighbour complete in the order sent, so counting
+  // completions per buffer tells the steps apart.
+  const int regions = std::min(n - 1, kRingRegions);
+  ring_tmp_.resize(static_cast<size_t>(regions) * max_block * es);
   // Elements per chunk of a block of len elements; the sender and the receiver
   // of a block compute it from the same length, so their messages match.
   auto chunk_of = [es](size_t len) {
@@ -361,15 +368,17 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
     auto data = ctx_->createUnboundBuffer(buf, count * es);
     auto tmp = ctx_->createUnboundBuffer(ring_tmp_.data(), ring_tmp_.size());
     std::vector<size_t> recvs(steps, 0);
-    for (int s = 0; s < steps; ++s) {
+    auto post = [&](int s) {
       const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, tag0 + s);
       const size_t len = len_of(in[s]), chunk = chunk_of(len);
       for (size_t off = 0; off < len; off += chunk, ++recvs[s]) {
         const size_t n_el = std::min(chunk, len - off);
-        if (s < n - 1) tmp->recv(left, slot, (s * max_block + off) * es, n_el * es);
+        if (s < n - 1) tmp->recv(left, slot, ((s % regions) * max_block + off) * es, n_el * es);
         else data->recv(left, slot, (first[in[s]] + off) * es, n_el * es);
       }
-    }
+    };
+    for (int s = 0; s < steps; ++s)
+      if (s < regions || s >= n - 1) post(s);
     for (int s = 0; s < steps; ++s) {
       const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, tag0 + s);
       const size_t out_len = len_of(out[s]), out_chunk = chunk_of(out_len);
@@ -383,11 +392,13 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
           tmp->waitRecv(timeout);
           const size_t off = i * in_chunk, len = std::min(in_chunk, in_len - off);
           char* dst = buf + (first[in[s]] + off) * es;
-          Reduce(dst, ring_tmp_.data() + (s * max_block + off) * es, dst, len, dt, op);
+          Reduce(dst, ring_tmp_.data() + ((s % regions) * max_block + off) * es, dst, len, dt, op);
         } else {
           data->waitRecv(timeout);
         }
       }
+      // This step's region is free again: the step two ahead receives into it.
+      if (s + regions < n - 1) post(s + regions);
       for (size_t i = 0; i < sends; ++i) data->waitSend(timeout);
     }
   } catch (const gloo::Exception& e) {

@@ -62,7 +62,7 @@ class GlooComm : public Comm {
   std::vector<int> global_ranks_;
   uint32_t tag_ = 0;
   std::vector<uint8_t> gather_;    // GatherReduce's receive buffer, reused
-  std::vector<char> ring_tmp_;     // RingAllreduce: one received block per reduce-scatter step, reused
+  std::vector<char> ring_tmp_;     // RingAllreduce: two received blocks (one on 2 ranks), reused
   std::vector<char> doubling_tmp_; // DoublingAllreduce's receive buffer, reused
   // AgreeBits. Declared after ctx_: the buffers (which hold the context) go
   // first, and a receive still posted at the end is simply dropped.
