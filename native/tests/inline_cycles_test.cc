@@ -19,9 +19,10 @@
 namespace sdl {
 namespace {
 
-void RunRanks(int n, const std::string& transport, bool inline_cycles,
+// mode: the knob inline_cycles (on, off, auto).
+void RunRanks(int n, const std::string& transport, const std::string& mode,
               const std::function<void(int, Runtime&)>& body) {
-  RunRanks(n, transport, body, [&](Config& c) { c.inline_cycles = inline_cycles; });
+  RunRanks(n, transport, body, [&](Config& c) { c.inline_cycles = mode; });
 }
 
 Request Allreduce(const std::string& name, int64_t n) {
@@ -38,10 +39,12 @@ double Seconds() {
 
 class Inline : public ::testing::TestWithParam<std::string> {};
 
-// One batch per step waited on at once: the waiting thread runs the cycles.
+// One batch per step waited on at once: the waiting thread runs the cycles,
+// unless the knob is off, or auto over Gloo TCP.
 TEST_P(Inline, WaitingCallerRunsTheCycles) {
-  for (bool on : {true, false}) {
-    RunRanks(2, GetParam(), on, [&](int rank, Runtime& rt) {
+  for (const std::string mode : {"on", "off", "auto"}) {
+    const bool on = mode == "on" || (mode == "auto" && GetParam() != "gloo");
+    RunRanks(2, GetParam(), mode, [&](int rank, Runtime& rt) {
       for (int step = 0; step < 20; ++step) {
         std::vector<std::vector<float>> xs(8, std::vector<float>(100, float(rank + step)));
         std::vector<Runtime::Submission> subs(xs.size());
@@ -56,9 +59,9 @@ TEST_P(Inline, WaitingCallerRunsTheCycles) {
         for (auto& x : xs) ASSERT_EQ(x, std::vector<float>(100, float(1 + 2 * step)));
       }
       if (on)
-        EXPECT_GT(rt.counters().inline_cycles.load(), 0);
+        EXPECT_GT(rt.counters().inline_cycles.load(), 0) << mode;
       else
-        EXPECT_EQ(rt.counters().inline_cycles.load(), 0);
+        EXPECT_EQ(rt.counters().inline_cycles.load(), 0) << mode;
     });
   }
 }
@@ -66,7 +69,7 @@ TEST_P(Inline, WaitingCallerRunsTheCycles) {
 // Several threads of each rank wait at once, each on its own tensors: one
 // runs cycles, the others sleep until their handles finish or the lock frees.
 TEST_P(Inline, ManyThreadsWaitAtOnce) {
-  RunRanks(2, GetParam(), true, [&](int rank, Runtime& rt) {
+  RunRanks(2, GetParam(), "on", [&](int rank, Runtime& rt) {
     const int kThreads = 4, kOps = 15;
     std::vector<std::thread> ts;
     std::atomic<int> ok{0};
@@ -90,7 +93,7 @@ TEST_P(Inline, ManyThreadsWaitAtOnce) {
 // Rank 1 never waits (it polls): its background thread runs its cycles,
 // matching the cycles rank 0's waiting caller runs.
 TEST_P(Inline, RankThatNeverWaitsIsServedByTheBackgroundThread) {
-  RunRanks(2, GetParam(), true, [&](int rank, Runtime& rt) {
+  RunRanks(2, GetParam(), "on", [&](int rank, Runtime& rt) {
     for (int step = 0; step < 10; ++step) {
       std::vector<float> x(64, float(rank + 1));
       int64_t h = rt.Enqueue(0, Allreduce("a", 64), x.data(), x.data());
@@ -117,7 +120,7 @@ TEST_P(Inline, RankThatNeverWaitsIsServedByTheBackgroundThread) {
 // error in bounded time, on both ranks.
 TEST_P(Inline, ShutdownWhileACallerRunsACycle) {
   std::atomic<bool> shutting{false};
-  RunRanks(2, GetParam(), true, [&](int rank, Runtime& rt) {
+  RunRanks(2, GetParam(), "on", [&](int rank, Runtime& rt) {
     float x[4] = {1, 2, 3, 4};
     if (rank == 1) {
       // Its background thread keeps running idle cycles (matching rank 0's)
@@ -151,7 +154,7 @@ TEST_P(Inline, ShutdownWhileACallerRunsACycle) {
 // A wait with a timeout returns false in bounded time when the peer never
 // submits the tensor, and the runtime keeps working.
 TEST_P(Inline, WaitTimesOutWhileRunningCycles) {
-  RunRanks(2, GetParam(), true, [&](int rank, Runtime& rt) {
+  RunRanks(2, GetParam(), "on", [&](int rank, Runtime& rt) {
     std::vector<float> x(4, float(rank));
     if (rank == 0) {
       int64_t h = rt.Enqueue(0, Allreduce("late", 4), x.data(), x.data());

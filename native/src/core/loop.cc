@@ -100,7 +100,7 @@ bool Runtime::WaitForWork(bool busy, bool everywhere) {
   const bool woken = wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(wait_ms),
                                       [this] { return work_; });
   work_ = false;
-  if (woken && inline_ok_ && cfg.inline_cycles && !shutdown_requested_.load()) {
+  if (woken && InlineCycles(cfg) && !shutdown_requested_.load()) {
     // New work: the caller that enqueued it usually waits for it a moment
     // later and then runs the cycle itself. Give it kInlineGraceMs to get
     // there before taking the cycle: otherwise this thread, scheduled on the
@@ -193,7 +193,7 @@ void Runtime::ReleaseCycleLock(std::unique_lock<std::mutex>& lk, int mine) {
 
 bool Runtime::WaitRange(int64_t first, int64_t n, double timeout_s) {
   // A zero timeout is a poll: it never blocks in a cycle.
-  if (timeout_s == 0 || !inline_ok_ || !config().inline_cycles)
+  if (timeout_s == 0 || !InlineCycles(config()))
     return handles_.WaitRange(first, n, timeout_s);
   const auto start = std::chrono::steady_clock::now();
   auto left_s = [&] {
