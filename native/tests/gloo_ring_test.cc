@@ -33,6 +33,34 @@ TEST_P(GlooRing, SumMatchesOnEveryMember) {
   });
 }
 
+// Ring calls of changing sizes (blocks whole and chunked) with small
+// allreduces (other algorithms) and a broadcast in between: each call's
+// messages meet their receives, whatever came before.
+class GlooRingSequence : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooRingSequence, ChangingSizesAndOtherCollectivesBetween) {
+  const int n = GetParam();
+  const size_t counts[] = {819200, 40000, 2359299, 2359299, 100, 786437, 819200};
+  RunGlooMembers(n, [&](int r, GlooComm& comm) {
+    int call = 0;
+    for (size_t count : counts) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((i % 89) * (r + 1) + call);
+      comm.Allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i)
+        wrong += buf[i] != static_cast<float>((i % 89) * (n * (n + 1) / 2) + call * n);
+      EXPECT_EQ(wrong, 0u) << "member " << r << " call " << call << " (" << count << " elements)";
+      int32_t root_value = r == call % n ? 1000 + call : -1;
+      comm.Broadcast(&root_value, sizeof root_value, call % n);
+      EXPECT_EQ(root_value, 1000 + call) << "member " << r;
+      ++call;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Members, GlooRingSequence, ::testing::Values(2, 3, 4));
+
 // Members: 2-6 (from 4 on, the reduce-scatter reuses its two scratch regions).
 // Element counts: just above the small-message paths; 3.2 MB and 3 MiB + 20
 // bytes (uneven blocks of 1-1.6 MB, which move whole); 9 MiB + 12 bytes
