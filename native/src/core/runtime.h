@@ -214,6 +214,7 @@ class Runtime {
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;
   bool work_ = false;
+  bool gathering_ = false;  // WaitForWork gathers a burst: enqueues need not wake it
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<bool> failed_{false};
