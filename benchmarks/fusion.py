@@ -13,12 +13,10 @@ One step reduces --tensors float32 tensors of --elements elements (default 200 x
   spark_dl batched   spark_dl.torch.grouped_allreduce_async_ of the step's tensors (torch
                      views of the same arrays): one call enqueues all, one handle waits
                      for all (what DistributedOptimizer does with the gradients of a step).
-  spark_dl batched, inline cycles off / on
-                     the same in the other inline-cycles mode than the default picks on
-                     the transport, in the same job for a same-job ratio: off over shared
-                     memory (the background thread runs every cycle and wakes the waiting
-                     caller: the hand-off inline cycles remove), on over Gloo TCP (where
-                     the default, auto, leaves the cycles to the background thread).
+  spark_dl batched, inline cycles off
+                     the same after set_knob("inline_cycles", False): the background thread
+                     runs every cycle and wakes the waiting caller (the hand-off that
+                     inline cycles remove), in the same job for a same-job ratio.
   spark_dl unfused   the per-tensor loop after set_knob("fusion_threshold", 0).
   torch per-tensor   dist.all_reduce on each tensor in turn (gloo backend).
   torch one bucket   torch.cat into one flat tensor, one all_reduce, results copied back
@@ -36,11 +34,10 @@ import _harness as H
 
 DEFAULT_PEERS = ("spark_dl", "spark_dl_gloo", "torch")
 VARIANTS = {"spark_dl": ("fused", "batched", "batched_bg", "unfused"),
-            "spark_dl_gloo": ("fused", "batched", "batched_inline", "unfused"),
+            "spark_dl_gloo": ("fused", "batched", "batched_bg", "unfused"),
             "torch": ("per_tensor", "bucket")}
 VARIANT_LABELS = {"fused": "fused", "batched": "batched",
-                  "batched_bg": "batched, inline cycles off",
-                  "batched_inline": "batched, inline cycles on", "unfused": "unfused",
+                  "batched_bg": "batched, inline cycles off", "unfused": "unfused",
                   "per_tensor": "per-tensor", "bucket": "one bucket"}
 COUNTERS = ("collectives", "cycles", "fused_tensors", "cache_hits", "full_negotiations")
 
@@ -76,12 +73,10 @@ def spark_dl_steps(backend, tensors):
             return fn
         return select
 
-    every = {"fused": with_threshold(default_threshold, step),
-             "batched": with_threshold(default_threshold, batched),
-             "batched_bg": with_threshold(default_threshold, batched, inline="off"),
-             "batched_inline": with_threshold(default_threshold, batched, inline="on"),
-             "unfused": with_threshold(0, step)}
-    return {v: every[v] for v in VARIANTS[backend.peer]}
+    return {"fused": with_threshold(default_threshold, step),
+            "batched": with_threshold(default_threshold, batched),
+            "batched_bg": with_threshold(default_threshold, batched, inline=False),
+            "unfused": with_threshold(0, step)}
 
 
 def torch_steps(backend, tensors):
@@ -185,10 +180,6 @@ def driver(args):
         if (p, "batched_bg") in med:
             gain = med[(p, "batched_bg")] / med[(p, "batched")]
             line += f"; batched with inline cycles {gain:.2f}x faster than without (same job)"
-        if (p, "batched_inline") in med:
-            gain = med[(p, "batched_inline")] / med[(p, "batched")]
-            line += (f"; batched without inline cycles (the default here) {gain:.2f}x faster "
-                     f"than with (same job)")
         if ("torch", "bucket") in med:
             tb = med[("torch", "bucket")] / med[(p, best)]
             line += (f"; {tb:.2f}x torch one bucket (target >= {want:g}x -> "

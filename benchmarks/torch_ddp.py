@@ -15,11 +15,9 @@ spark_dl          ``DistributedOptimizer`` as Horovod users write it: one allred
 spark_dl_grouped  ``DistributedOptimizer(groups=1)``: every gradient in one grouped
                   allreduce, started when the last gradient is ready (DDP's single
                   bucket, for this model)
-spark_dl_other    the first with the other inline-cycles mode than the default picks on
-                  this transport while it runs (``set_knob("inline_cycles", ...)``: off
-                  over shared memory, where auto runs the cycles on the waiting thread;
-                  on over Gloo TCP, where auto leaves them to the background thread):
-                  the same-job check of that default (issue 18)
+spark_dl_bg       the first with ``set_knob("inline_cycles", False)`` while it runs: the
+                  background thread runs every cycle (the same-job before/after of
+                  issue 18's inline cycles)
 ddp               ``DistributedDataParallel`` over the gloo process group (TCP loopback)
 local             no communication at all: every rank trains alone (the compute-only
                   ceiling under the same CPU contention)
@@ -52,12 +50,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 RESULT_MARK = "SDL_TORCH_BENCH "
-PEERS = ("spark_dl", "spark_dl_grouped", "spark_dl_other", "ddp", "local")
+PEERS = ("spark_dl", "spark_dl_grouped", "spark_dl_bg", "ddp", "local")
 LABELS = {"spark_dl": "spark_dl DistributedOptimizer", "ddp": "torch DDP (gloo)",
           "spark_dl_grouped": "spark_dl DistributedOptimizer(groups=1)",
-          "spark_dl_other": "spark_dl DistributedOptimizer, inline cycles {}",
+          "spark_dl_bg": "spark_dl DistributedOptimizer, inline cycles off",
           "local": "no communication (ceiling)"}
-SPARK_DL_PEERS = ("spark_dl", "spark_dl_grouped", "spark_dl_other")
+SPARK_DL_PEERS = ("spark_dl", "spark_dl_grouped", "spark_dl_bg")
 PARKED_CYCLE_MS = 1000.0
 
 
@@ -86,10 +84,10 @@ def _setups(args, hvd):
     out["spark_dl_grouped"] = (m, hvd.DistributedOptimizer(
         sgd(m.parameters()), compression=compression, groups=1,
         named_parameters=[("grouped." + n, q) for n, q in m.named_parameters()]))
-    m = model()  # the first peer's setup in the other inline-cycles mode (see run())
-    out["spark_dl_other"] = (m, hvd.DistributedOptimizer(
+    m = model()  # the first peer's setup with inline_cycles off while it runs (see run())
+    out["spark_dl_bg"] = (m, hvd.DistributedOptimizer(
         sgd(m.parameters()), compression=compression,
-        named_parameters=[("other." + n, q) for n, q in m.named_parameters()]))
+        named_parameters=[("bg." + n, q) for n, q in m.named_parameters()]))
     ddp = DistributedDataParallel(model())
     out["ddp"] = (ddp, sgd(ddp.parameters()))
     m = model()
@@ -118,13 +116,10 @@ def worker(args):
     target = torch.randint(0, 10, (args.batch_size,), generator=g)
     default_cycle = knob_value("cycle_time_ms")
     default_inline = knob_value("inline_cycles")
-    inline_now = default_inline if default_inline != "auto" else (
-        "off" if transport() == "gloo" else "on")
-    other_inline = "off" if inline_now == "on" else "on"
 
     def run(peer, steps):
         set_knob("cycle_time_ms", default_cycle if peer in SPARK_DL_PEERS else PARKED_CYCLE_MS)
-        set_knob("inline_cycles", other_inline if peer == "spark_dl_other" else default_inline)
+        set_knob("inline_cycles", default_inline and peer != "spark_dl_bg")
         dist.barrier()  # start together (gloo: leaves spark_dl's thread alone)
         model, opt = setups[peer]
         t0 = time.perf_counter()
@@ -155,7 +150,6 @@ def worker(args):
         if not all(torch.equal(every[0], e) for e in every):
             raise AssertionError(f"{peer}: replicas diverged across ranks")
     info = {"transport": transport(), "size": size, "torch": torch.__version__,
-            "other_inline": other_inline,
             "parameters": sum(p.numel() for p in setups["local"][0].parameters()),
             "gradient_tensors": len(list(setups["local"][0].parameters())),
             "collectives_per_step": {p: c / (args.iters * args.batches)
@@ -212,14 +206,13 @@ def report(results, args):
     for transport, jobs in results.items():
         med = {p: statistics.median([x for j in jobs for x in j["rates"][p]]) for p in PEERS}
         for p in PEERS:
-            label = LABELS[p].format(jobs[0].get("other_inline", "off"))
-            lines.append(f"| {transport} | {label} | {med[p]:.1f} | {med[p] * args.np:.1f} | "
+            lines.append(f"| {transport} | {LABELS[p]} | {med[p]:.1f} | {med[p] * args.np:.1f} | "
                          f"{med[p] / med['ddp']:.2f} | {med[p] / med['local']:.2f} |")
     lines.append("")
     for p in SPARK_DL_PEERS:
         cps = [j["collectives_per_step"][p] for jobs in results.values() for j in jobs]
-        lines.append(f"{LABELS[p].format('in the other mode')}: {statistics.median(cps):.2f} collectives "
-                     f"per step (after fusion)  ")
+        lines.append(f"{LABELS[p]}: {statistics.median(cps):.2f} collectives per step "
+                     f"(after fusion)  ")
     return "\n".join(lines)
 
 

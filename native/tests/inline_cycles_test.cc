@@ -19,10 +19,9 @@
 namespace sdl {
 namespace {
 
-// mode: the knob inline_cycles (on, off, auto).
-void RunRanks(int n, const std::string& transport, const std::string& mode,
+void RunRanks(int n, const std::string& transport, bool inline_cycles,
               const std::function<void(int, Runtime&)>& body) {
-  RunRanks(n, transport, body, [&](Config& c) { c.inline_cycles = mode; });
+  RunRanks(n, transport, body, [&](Config& c) { c.inline_cycles = inline_cycles; });
 }
 
 Request Allreduce(const std::string& name, int64_t n) {
@@ -39,12 +38,10 @@ double Seconds() {
 
 class Inline : public ::testing::TestWithParam<std::string> {};
 
-// One batch per step waited on at once: the waiting thread runs the cycles,
-// unless the knob is off, or auto over Gloo TCP.
+// One batch per step waited on at once: the waiting thread runs the cycles.
 TEST_P(Inline, WaitingCallerRunsTheCycles) {
-  for (const std::string mode : {"on", "off", "auto"}) {
-    const bool on = mode == "on" || (mode == "auto" && GetParam() != "gloo");
-    RunRanks(2, GetParam(), mode, [&](int rank, Runtime& rt) {
+  for (bool on : {true, false}) {
+    RunRanks(2, GetParam(), on, [&](int rank, Runtime& rt) {
       for (int step = 0; step < 20; ++step) {
         std::vector<std::vector<float>> xs(8, std::vector<float>(100, float(rank + step)));
         std::vector<Runtime::Submission> subs(xs.size());
@@ -59,9 +56,9 @@ TEST_P(Inline, WaitingCallerRunsTheCycles) {
         for (auto& x : xs) ASSERT_EQ(x, std::vector<float>(100, float(1 + 2 * step)));
       }
       if (on)
-        EXPECT_GT(rt.counters().inline_cycles.load(), 0) << mode;
+        EXPECT_GT(rt.counters().inline_cycles.load(), 0);
       else
-        EXPECT_EQ(rt.counters().inline_cycles.load(), 0) << mode;
+        EXPECT_EQ(rt.counters().inline_cycles.load(), 0);
     });
   }
 }
@@ -69,7 +66,7 @@ TEST_P(Inline, WaitingCallerRunsTheCycles) {
 // Several threads of each rank wait at once, each on its own tensors: one
 // runs cycles, the others sleep until their handles finish or the lock frees.
 TEST_P(Inline, ManyThreadsWaitAtOnce) {
-  RunRanks(2, GetParam(), "on", [&](int rank, Runtime& rt) {
+  RunRanks(2, GetParam(), true, [&](int rank, Runtime& rt) {
     const int kThreads = 4, kOps = 15;
     std::vector<std::thread> ts;
     std::atomic<int> ok{0};
@@ -93,7 +90,7 @@ TEST_P(Inline, ManyThreadsWaitAtOnce) {
 // Rank 1 never waits (it polls): its background thread runs its cycles,
 // matching the cycles rank 0's waiting caller runs.
 TEST_P(Inline, RankThatNeverWaitsIsServedByTheBackgroundThread) {
-  RunRanks(2, GetParam(), "on", [&](int rank, Runtime& rt) {
+  RunRanks(2, GetParam(), true, [&](int rank, Runtime& rt) {
     for (int step = 0; step < 10; ++step) {
       std::vector<float> x(64, float(rank + 1));
       int64_t h = rt.Enqueue(0, Allreduce("a", 64), x.data(), x.data());
@@ -120,7 +117,7 @@ TEST_P(Inline, RankThatNeverWaitsIsServedByTheBackgroundThread) {
 // error in bounded time, on both ranks.
 TEST_P(Inline, ShutdownWhileACallerRunsACycle) {
   std::atomic<bool> shutting{false};
-  RunRanks(2, GetParam(), "on", [&](int rank, Runtime& rt) {
+  RunRanks(2, GetParam(), true, [&](int rank, Runtime& rt) {
     float x[4] = {1, 2, 3, 4};
     if (rank == 1) {
       // Its background thread keeps running idle cycles (matching rank 0's)
@@ -151,39 +148,10 @@ TEST_P(Inline, ShutdownWhileACallerRunsACycle) {
   });
 }
 
-// Per-tensor calls in a loop, 32 tensors spaced 50 us apart (1.6 ms in all,
-// eight times the background thread's grace, under its gathering cap), then a
-// wait on all: the background thread gathers them while they keep coming, so
-// a step takes about one collective (measured 1.0-1.7 per step) instead of one
-// every few grace periods (2.3-4.6 without the gathering).
-TEST_P(Inline, BackgroundThreadGathersABurstOfCalls) {
-  const int kSteps = 20, kTensors = 32;
-  RunRanks(2, GetParam(), "on", [&](int rank, Runtime& rt) {
-    const int64_t before = rt.counters().collectives.load();
-    for (int step = 0; step < kSteps; ++step) {
-      std::vector<std::vector<float>> xs(kTensors, std::vector<float>(64, float(rank + 1)));
-      int64_t first = -1;
-      for (int i = 0; i < kTensors; ++i) {
-        int64_t h = rt.Enqueue(0, Allreduce("b" + std::to_string(i), 64), xs[i].data(), xs[i].data());
-        if (i == 0) first = h;
-        // Spaced by a spin, not a sleep: a sleep overshoots by more than the gap.
-        for (const double until = Seconds() + 50e-6; Seconds() < until;) {
-        }
-      }
-      ASSERT_TRUE(rt.WaitRange(first, kTensors, 30));
-      for (const Result& res : rt.handles().TakeRange(first, kTensors))
-        ASSERT_EQ(res.code, ErrorCode::kOk) << res.message;
-      for (auto& x : xs) ASSERT_EQ(x, std::vector<float>(64, 3.0f));
-    }
-    const double per_step = double(rt.counters().collectives.load() - before) / kSteps;
-    EXPECT_LE(per_step, 2.0) << "rank " << rank;
-  });
-}
-
 // A wait with a timeout returns false in bounded time when the peer never
 // submits the tensor, and the runtime keeps working.
 TEST_P(Inline, WaitTimesOutWhileRunningCycles) {
-  RunRanks(2, GetParam(), "on", [&](int rank, Runtime& rt) {
+  RunRanks(2, GetParam(), true, [&](int rank, Runtime& rt) {
     std::vector<float> x(4, float(rank));
     if (rank == 0) {
       int64_t h = rt.Enqueue(0, Allreduce("late", 4), x.data(), x.data());

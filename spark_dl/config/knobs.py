@@ -28,7 +28,6 @@ check by feeding both parsers the same strings:
   ``500ms``, ``2m``, ``1h``; the value is in seconds;
 - ``string``: the text as given (trimmed);
 - ``enum``: one of the row's ``choices``, in any case; the value is the choice as listed.
-  Where the choices include ``on`` and ``off``, the boolean spellings above mean them.
 
 Anything else is an error naming the variable, the text and what was expected, e.g.
 ``SDL_START_TIMEOUT=soon: expected a duration (...)``: a :class:`ValueError` here, the
@@ -177,10 +176,7 @@ def parse(type_: str, text: str, var: str, choices: Tuple[str, ...] = ()):
     elif type_ == "string":
         result = s
     elif type_ == "enum":
-        low = _lower(s)
-        if "on" in choices and "off" in choices and low in _BOOLS:
-            low = "on" if _BOOLS[low] else "off"
-        result = next((c for c in choices if c == low), None)
+        result = next((c for c in choices if c == _lower(s)), None)
     else:
         raise ValueError(f"{var}: unknown knob type {type_!r}")
     if result is None:

@@ -7,7 +7,7 @@ import time
 import numpy as np
 
 import spark_dl.numpy as sdl
-from spark_dl.common import basics, knobs
+from spark_dl.common import basics
 from spark_dl.common.exceptions import SdlError
 
 
@@ -40,8 +40,7 @@ def threads_wait(threads=4, ops=25):
     alive = [th.name for th in ts if th.is_alive()]
     counters = basics.counters()
     sdl.shutdown()
-    return {"errors": errors, "alive": alive, "counters": counters,
-            "knob": knobs.value("inline_cycles")}
+    return {"errors": errors, "alive": alive, "counters": counters}
 
 
 def never_waits(steps=20):

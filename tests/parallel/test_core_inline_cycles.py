@@ -1,6 +1,5 @@
 """Inline cycles (issue 18): a thread that waits runs its rank's negotiation cycles itself;
-the background thread runs them when nobody waits. Over shared memory and Gloo TCP (where
-the knob's default, auto, turns them off: the tests that need them ask for on)."""
+the background thread runs them when nobody waits. Over shared memory and Gloo TCP."""
 
 import pytest
 
@@ -8,27 +7,14 @@ from harness import run_ranks
 
 pytestmark = pytest.mark.timeout(300)
 TRANSPORTS = {"shm": {"SDL_SHM": "1"}, "gloo": {"SDL_SHM": "0", "SDL_CONTROLLER": "gloo"}}
-ON = {"SDL_INLINE_CYCLES": "on"}
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_many_threads_waiting_at_once(transport):
     for rank, r in enumerate(run_ranks("inline_workers:threads_wait", 2,
-                                       env=dict(TRANSPORTS[transport], **ON), timeout=240)):
-        assert r["errors"] == [] and r["alive"] == [], (rank, r)
-        assert r["counters"]["inline_cycles"] > 0, (rank, r["counters"])
-
-
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
-def test_auto_is_on_except_over_gloo(transport):
-    for rank, r in enumerate(run_ranks("inline_workers:threads_wait", 2,
                                        env=TRANSPORTS[transport], timeout=240)):
         assert r["errors"] == [] and r["alive"] == [], (rank, r)
-        assert r["knob"] == "auto", r
-        if transport == "gloo":
-            assert r["counters"]["inline_cycles"] == 0, (rank, r["counters"])
-        else:
-            assert r["counters"]["inline_cycles"] > 0, (rank, r["counters"])
+        assert r["counters"]["inline_cycles"] > 0, (rank, r["counters"])
 
 
 def test_knob_off_leaves_the_cycles_to_the_background_thread():
@@ -51,8 +37,8 @@ def test_ranks_that_never_wait(np_):
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_shutdown_while_a_thread_runs_a_cycle(transport):
-    r0 = run_ranks("inline_workers:shutdown_while_waiting", 2,
-                   env=dict(TRANSPORTS[transport], **ON), timeout=120)[0]
+    r0 = run_ranks("inline_workers:shutdown_while_waiting", 2, env=TRANSPORTS[transport],
+                   timeout=120)[0]
     assert r0["alive"] is False, r0
     assert r0["inline_cycles"] > 0, r0
     # The handle fails with the shutdown error, also when shutdown() dropped the

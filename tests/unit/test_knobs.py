@@ -153,23 +153,6 @@ def test_cpp_and_python_parsers_agree(type_):
             assert message.startswith(f"{knob.env}={text}: expected "), message
 
 
-def test_on_off_enums_take_the_boolean_spellings_on_both_sides():
-    _core = pytest.importorskip("spark_dl._core")
-    knob = knobs.table()["inline_cycles"]
-    assert knob.choices == ("auto", "on", "off")
-    texts = ["auto", "on", "OFF", "1", "0", "true", "False", " yes ", "no", "maybe", "2",
-             "onn", "auto on", ""]
-    results = [(text, _outcome(knob.parse, text),
-                _outcome(lambda t: _core.parse_knob(knob.name, t), text)) for text in texts]
-    assert [r for r in results if r[1] != r[2]] == []
-    got = {text: py[1] for text, py, _ in results}
-    assert [got[t] for t in ("1", "true", " yes ", "0", "False", "no")] == ["'on'"] * 3 + ["'off'"] * 3
-    assert got["maybe"].startswith("SDL_INLINE_CYCLES=maybe: expected one of auto, on, off")
-    # Enums without on and off keep their choices only.
-    with pytest.raises(ValueError):
-        knobs.parse("enum", "1", "X", ("auto", "gloo", "mpi"))
-
-
 def test_grammar_examples():
     p = knobs.parse
     assert p("duration", "500ms", "X") == 0.5 and p("duration", "1h", "X") == 3600.0

@@ -120,12 +120,6 @@ std::string Parse_string(const std::string&, const std::string& text, const char
 
 std::string Parse_enum(const std::string& var, const std::string& text, const char* choices) {
   std::string v = Lower(Trim(text)), list, all = choices;
-  // Where the choices include on and off, the boolean spellings mean them.
-  const std::string bars = "|" + all + "|";
-  if (bars.find("|on|") != std::string::npos && bars.find("|off|") != std::string::npos) {
-    if (v == "1" || v == "true" || v == "yes") v = "on";
-    if (v == "0" || v == "false" || v == "no") v = "off";
-  }
   for (size_t b = 0; b <= all.size();) {
     size_t e = all.find('|', b);
     if (e == std::string::npos) e = all.size();

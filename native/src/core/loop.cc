@@ -40,10 +40,6 @@ namespace {
 // its enqueue to its wait through a few Python frames on a busy core; short
 // against a training step.
 constexpr double kInlineGraceMs = 0.2;
-// While operations keep arriving (a loop of per-tensor calls), the background
-// thread keeps waiting, kInlineGraceMs at a time, for at most this long, so
-// that they reach one cycle instead of a cycle each few.
-constexpr double kGatherCapMs = 2.0;
 
 double SteadySeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -71,8 +67,6 @@ void Runtime::WakeBackground(bool notify) {
   {
     std::lock_guard<std::mutex> lk(wake_mu_);
     work_ = true;
-    // Gathering, it looks at work_ when its slice ends: no wake-up per call.
-    if (gathering_ && !shutdown_requested_.load()) notify = false;
   }
   if (notify) wake_cv_.notify_one();
 }
@@ -106,28 +100,15 @@ bool Runtime::WaitForWork(bool busy, bool everywhere) {
   const bool woken = wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(wait_ms),
                                       [this] { return work_; });
   work_ = false;
-  if (woken && InlineCycles(cfg) && !shutdown_requested_.load()) {
+  if (woken && inline_ok_ && cfg.inline_cycles && !shutdown_requested_.load()) {
     // New work: the caller that enqueued it usually waits for it a moment
     // later and then runs the cycle itself. Give it kInlineGraceMs to get
     // there before taking the cycle: otherwise this thread, scheduled on the
     // other core while the caller is still in Python, wins the cycle lock and
     // the caller sleeps through the hand-off inline cycles exist to avoid.
-    // While more operations arrive meanwhile (per-tensor calls in a loop),
-    // wait on, a grace at a time up to kGatherCapMs, so that they go out
-    // together: a cycle started on the first few would leave the rest to the
-    // next cycles, a collective each. Their enqueues do not wake this thread
-    // (gathering_). Operations nobody waits on start that much later.
-    const auto cap = std::chrono::steady_clock::now() +
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double, std::milli>(kGatherCapMs));
-    gathering_ = true;
-    do {
-      work_ = false;
-      wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(kInlineGraceMs),
-                        [&] { return standing_down() || shutdown_requested_.load(); });
-    } while (work_ && !standing_down() && !shutdown_requested_.load() &&
-             std::chrono::steady_clock::now() < cap);
-    gathering_ = false;
+    // Operations nobody waits on start that much later.
+    wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(kInlineGraceMs),
+                      [&] { return standing_down() || shutdown_requested_.load(); });
   }
   return !standing_down();
 }
@@ -212,7 +193,7 @@ void Runtime::ReleaseCycleLock(std::unique_lock<std::mutex>& lk, int mine) {
 
 bool Runtime::WaitRange(int64_t first, int64_t n, double timeout_s) {
   // A zero timeout is a poll: it never blocks in a cycle.
-  if (timeout_s == 0 || !InlineCycles(config()))
+  if (timeout_s == 0 || !inline_ok_ || !config().inline_cycles)
     return handles_.WaitRange(first, n, timeout_s);
   const auto start = std::chrono::steady_clock::now();
   auto left_s = [&] {

@@ -76,7 +76,6 @@ Runtime::Runtime(RuntimeOptions opts)
   std::vector<int32_t> all(t.size);
   for (int r = 0; r < t.size; ++r) all[r] = r;
   active_[0] = MakeProcessSet(0, all);
-  gloo_world_ = active_[0]->transport == "gloo";
   for (auto& ranks : opts_.process_sets) {
     int32_t id = next_set_id_++;
     active_[id] = MakeProcessSet(id, ranks);

@@ -202,19 +202,12 @@ class Runtime {
   ErrorCode end_code_ = ErrorCode::kShutdown;
   std::string end_message_;
   bool inline_ok_ = true;                 // false under MPI without THREAD_MULTIPLE
-  bool gloo_world_ = false;               // the world's exchanges run over Gloo TCP
-  // Whether a waiting caller runs the cycles itself under cfg (knob
-  // inline_cycles; auto: not when gloo_world_).
-  bool InlineCycles(const Config& cfg) const {
-    return inline_ok_ && (cfg.inline_cycles == "on" || (cfg.inline_cycles == "auto" && !gloo_world_));
-  }
   std::atomic<int> inline_waiters_{0};    // callers inside WaitRange running cycles
   std::atomic<bool> busy_{false}, everywhere_{true};  // see NotePaceLocked
 
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;
   bool work_ = false;
-  bool gathering_ = false;  // WaitForWork gathers a burst: enqueues need not wake it
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<bool> failed_{false};
