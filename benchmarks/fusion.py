@@ -163,6 +163,15 @@ def driver(args):
                   + "; ".join(f"{v}: " + ", ".join(f"{k} {x:g}" for k, x in c[v].items())
                               for v in c))
     print()
+
+    def per_round(num, den):
+        """Ratios of round medians, round by round: (peer, variant) over (peer, variant).
+        Round i of every peer ran next to each other in time, so the spread shows how much
+        of a ratio is the machine's noise."""
+        pairs = zip(results[num[0]], results[den[0]])
+        return " / ".join(f"{H.median(a['samples'][num[1]]) / H.median(b['samples'][den[1]]):.2f}"
+                          for a, b in pairs)
+
     for p in peers:
         if not p.startswith("spark_dl"):
             continue
@@ -176,14 +185,16 @@ def driver(args):
                    if p == "spark_dl" else "")
                 + f"; {speedup:.1f}x faster than unfused"
                 + (f" (target >= 3x -> {'met' if speedup >= 3 else 'NOT met'})"
-                   if p == "spark_dl" else ""))
+                   if p == "spark_dl" else "")
+                + f" (per round {per_round((p, 'unfused'), (p, best))})")
         if (p, "batched_bg") in med:
             gain = med[(p, "batched_bg")] / med[(p, "batched")]
             line += f"; batched with inline cycles {gain:.2f}x faster than without (same job)"
         if ("torch", "bucket") in med:
             tb = med[("torch", "bucket")] / med[(p, best)]
             line += (f"; {tb:.2f}x torch one bucket (target >= {want:g}x -> "
-                     f"{'met' if tb >= want else 'NOT met'})")
+                     f"{'met' if tb >= want else 'NOT met'}; per round "
+                     f"{per_round(('torch', 'bucket'), (p, best))})")
         print(line)
 
 
