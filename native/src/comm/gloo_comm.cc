@@ -61,11 +61,20 @@ constexpr uint8_t kDoublingSlotPrefix = 0x54;
 constexpr uint8_t kGatherSlotPrefix = 0x55;
 constexpr uint8_t kAgreeSlotPrefix = 0x56;
 
+// The largest power of two <= n (recursive doubling runs among that many
+// ranks; the others fold into them), and its log2 in *log2.
+int PowerOfTwoBelow(int n, int* log2) {
+  int p2 = 1, k = 0;
+  while (p2 * 2 <= n) p2 *= 2, ++k;
+  if (log2) *log2 = k;
+  return p2;
+}
+
 // Exchange rounds of recursive doubling on n ranks: log2 of the largest power
 // of two <= n, plus a fold and an unfold round for the ranks beyond it.
 int DoublingRounds(int n) {
-  int p2 = 1, rounds = 0;
-  while (p2 * 2 <= n) p2 *= 2, ++rounds;
+  int rounds = 0;
+  const int p2 = PowerOfTwoBelow(n, &rounds);
   return rounds + (p2 < n ? 2 : 0);
 }
 
@@ -172,8 +181,7 @@ void GlooComm::GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, 
 void GlooComm::DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) {
   const size_t bytes = count * DataTypeSize(dt);
   const int n = size_;
-  int p2 = 1;
-  while (p2 * 2 <= n) p2 *= 2;
+  const int p2 = PowerOfTwoBelow(n, nullptr);
   doubling_tmp_.resize(bytes);
   const auto timeout = ctx_->getTimeout();
   try {
@@ -244,8 +252,8 @@ void GlooComm::PlanAgreement(size_t words) {
     for (int q = 0; q < n; ++q)
       if (q != r) agree_steps_.push_back({q, 0, true, true});
   } else {
-    int p2 = 1, rounds = 0;
-    while (p2 * 2 <= n) p2 *= 2, ++rounds;
+    int rounds = 0;
+    const int p2 = PowerOfTwoBelow(n, &rounds);
     if (r >= p2) {
       agree_steps_.push_back({r - p2, 0, true, false});           // fold into r - p2
       agree_steps_.push_back({r - p2, rounds + 1, false, true});  // the result back
