@@ -3,6 +3,9 @@
 // several calls in a row, against the exact sum (small integers in float32).
 #include <gtest/gtest.h>
 
+#include <csignal>
+
+#include <chrono>
 #include <tuple>
 #include <vector>
 
@@ -60,6 +63,51 @@ TEST_P(GlooRingSequence, ChangingSizesAndOtherCollectivesBetween) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Members, GlooRingSequence, ::testing::Values(2, 3, 4));
+
+// Large calls back to back with nothing between them: blocks far larger than
+// the sockets' buffers (a write blocks until the neighbour reads), and a
+// neighbour starting its next call while this member still reads the last.
+class GlooRingBackToBack : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooRingBackToBack, LargeCallsWithNothingBetween) {
+  const int n = GetParam();
+  const size_t count = 6 * 1024 * 1024 + 7;  // 24 MiB and 28 bytes
+  RunGlooMembers(n, [&](int r, GlooComm& comm) {
+    std::vector<float> buf(count);
+    for (int call = 0; call < 3; ++call) {
+      for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>((i % 89) * (r + 1) + call);
+      comm.Allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum);
+      size_t wrong = 0;
+      for (size_t i = 0; i < count; ++i)
+        wrong += buf[i] != static_cast<float>((i % 89) * (n * (n + 1) / 2) + call * n);
+      EXPECT_EQ(wrong, 0u) << "member " << r << " call " << call;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Members, GlooRingBackToBack, ::testing::Values(2, 3));
+
+// A member that leaves (its communicator destroyed, its sockets closed) fails
+// the others' ring calls with a peer-failure error long before the timeout
+// (60 s here): on the member reading from it and on the one writing to it.
+TEST(GlooRingFailure, LeavingMemberFailsTheOthersQuickly) {
+  std::signal(SIGPIPE, SIG_IGN);  // as in Python, which ignores it
+  RunGlooMembers(3, [&](int r, GlooComm& comm) {
+    comm.Barrier();  // every member is connected: member 2 leaves mid-job
+    if (r == 2) return;
+    std::vector<float> buf(1 << 20, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      for (int call = 0; call < 100; ++call)
+        comm.Allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum);
+      ADD_FAILURE() << "member " << r << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code, ErrorCode::kPeerFailure) << e.what();
+    }
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(took, 10.0) << "member " << r;
+  });
+}
 
 // Members: 2-6 (from 4 on, the reduce-scatter reuses its two scratch regions).
 // Element counts: just above the small-message paths; 3.2 MB and 3 MiB + 20

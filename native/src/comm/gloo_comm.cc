@@ -3,7 +3,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
@@ -13,8 +18,11 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/types.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/buffer.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
@@ -42,21 +50,21 @@ char kEmpty[8];
 constexpr size_t kGatherReduceBytes = 64 * 1024;  // gathered bytes (allgather form)
 constexpr size_t kDoublingBytes = 64 * 1024;      // per-rank bytes (doubling form)
 
-// Larger allreduces run as a ring (reduce-scatter, then allgather) written on
-// Gloo's send/recv buffers. Each step's block moves in chunks of about this
-// many bytes (a block under twice this size moves whole), so a chunk is
-// reduced while the next ones are still on the wire. Every message costs a
-// wake-up of the receiving thread: on the loopback of a 2-core machine,
-// 2 ranks, 256 KiB chunks took 4.0-4.7 ms for a 3.2 MB allreduce against
-// 3.3-3.4 ms whole, and 62 ms against 44-46 ms with 1 MiB chunks at 64 MiB
-// (docs/benchmarks.md).
+// Larger allreduces run as a ring (reduce-scatter, then allgather). Each
+// step's block moves in chunks of about this many bytes (a block under twice
+// this size moves whole), so a chunk is reduced while the next ones are still
+// on the wire; every message costs the receiver a wake-up, so chunks stay
+// large (docs/benchmarks.md: 256 KiB chunks were slower than whole 1.6 MB
+// blocks on 2 ranks, 1 MiB faster than both at 64 MiB).
 constexpr size_t kRingChunkBytes = 1024 * 1024;
-// Reduce-scatter steps whose receives are posted at once (RingAllreduce).
-constexpr int kRingRegions = 2;
+// The ring's messages address one of two buffers on the receiving end of a
+// link: the received block that reduce-scatter reduces, or the result itself
+// (allgather).
+constexpr int kRingScratchSlot = 1;
+constexpr int kRingResultSlot = 2;
 
 // Slot prefixes for our own point-to-point exchanges (Gloo's collectives use
 // 0x01-0x08; the tag keeps successive operations apart).
-constexpr uint8_t kRingSlotPrefix = 0x53;
 constexpr uint8_t kDoublingSlotPrefix = 0x54;
 constexpr uint8_t kGatherSlotPrefix = 0x55;
 constexpr uint8_t kAgreeSlotPrefix = 0x56;
@@ -79,6 +87,112 @@ int DoublingRounds(int n) {
 }
 
 }  // namespace
+
+// The ring's transport. Gloo's unbound buffers (every other collective here)
+// cost three messages per data message (receive-ready notice, send-ready
+// notice, data), and the device's I/O thread reads every one and then wakes
+// the waiting thread. The ring instead runs over one 2-member Gloo context per
+// link (rank k to rank k + 1: member 0 sends, member 1 receives) in Gloo's
+// synchronous mode: a message is the data alone, written into the buffer the
+// receiver registered for its slot, and the receiving thread reads it from the
+// socket itself. A blocking write could deadlock the ring (every rank writing
+// a block larger than the socket buffers while nobody reads), so writes run on
+// a thread of their own while the calling thread reads: each link's socket
+// carries one direction only, and both ends always make progress. On the
+// loopback of a 2-core machine a 3.2 MB allreduce on 2 ranks took 1.0-1.4 ms
+// this way against 2.8-3.8 ms over unbound buffers (docs/benchmarks.md).
+class RingLinks {
+ public:
+  RingLinks(std::shared_ptr<gloo::transport::Device> device,
+            gloo::rendezvous::Store& store, int rank, int n, double timeout_s) {
+    const int left = (rank + n - 1) % n;
+    // Both members of a link must connect it at the same time. Links are
+    // connected in phases (even links, odd links, then the last one when n is
+    // odd): a rank is in at most one link per phase, so every phase's links
+    // connect at once and no rank waits on a chain of others.
+    auto phase = [n](int k) { return n % 2 == 1 && k == n - 1 ? 2 : k % 2; };
+    for (int p = 0; p < 3; ++p) {
+      if (phase(rank) == p) out_ = Connect(device, store, rank, 0, timeout_s);
+      if (phase(left) == p) in_ = Connect(device, store, left, 1, timeout_s);
+    }
+    sender_ = std::thread([this] { SendLoop(); });
+  }
+
+  ~RingLinks() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    job_cv_.notify_one();
+    sender_.join();
+  }
+
+  gloo::transport::Pair& out() { return *out_->getPair(1); }
+  gloo::transport::Pair& in() { return *in_->getPair(0); }
+
+  // Runs job (writes to the right neighbour) on the sender thread.
+  void StartSends(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      job_ = std::move(job);
+    }
+    job_cv_.notify_one();
+  }
+
+  // Waits until the sends started last are written; rethrows their error.
+  void FinishSends() {
+    std::unique_lock<std::mutex> lock(m_);
+    done_cv_.wait(lock, [&] { return !job_ && !busy_; });
+    if (error_) {
+      auto e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  static std::shared_ptr<gloo::rendezvous::Context> Connect(
+      std::shared_ptr<gloo::transport::Device> device, gloo::rendezvous::Store& store,
+      int link, int member, double timeout_s) {
+    gloo::rendezvous::PrefixStore prefixed("sdl_ring_link_" + std::to_string(link), store);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(member, 2);
+    // Also the sockets' send and receive timeouts (synchronous mode).
+    ctx->setTimeout(Ms(timeout_s));
+    ctx->connectFullMesh(prefixed, device);
+    ctx->getPair(1 - member)->setSync(true, false);
+    return ctx;
+  }
+
+  void SendLoop() {
+    std::unique_lock<std::mutex> lock(m_);
+    for (;;) {
+      job_cv_.wait(lock, [&] { return stop_ || job_; });
+      if (stop_) return;
+      auto job = std::move(job_);
+      job_ = nullptr;
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      busy_ = false;
+      error_ = error;
+      done_cv_.notify_one();
+    }
+  }
+
+  std::shared_ptr<gloo::rendezvous::Context> out_, in_;
+  std::mutex m_;
+  std::condition_variable job_cv_, done_cv_;
+  std::function<void()> job_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread sender_;
+};
 
 std::shared_ptr<gloo::transport::Device> MakeGlooDevice(const std::string& iface,
                                                          const std::string& hostname) {
@@ -118,6 +232,14 @@ GlooComm::GlooComm(std::shared_ptr<gloo::transport::Device> device,
   }
   ctx->setTimeout(Ms(timeout_s));
   ctx_ = ctx;
+  if (size_ > 1) {
+    try {
+      ring_ = std::make_unique<RingLinks>(device, store, rank_, size_, timeout_s);
+    } catch (const std::exception& e) {
+      throw Error(ErrorCode::kPeerFailure,
+                  std::string("Gloo could not connect the ring's links: ") + e.what());
+    }
+  }
 }
 
 GlooComm::~GlooComm() = default;
@@ -331,7 +453,6 @@ void GlooComm::AgreeBits(uint64_t* bits, size_t words) {
 void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) {
   const size_t es = DataTypeSize(dt);
   const int n = size_;
-  const int right = (rank_ + 1) % n, left = (rank_ + n - 1) % n;
   // Block q: elements [first[q], first[q + 1]).
   std::vector<size_t> first(n + 1);
   for (int q = 0; q <= n; ++q) first[q] = count * static_cast<size_t>(q) / n;
@@ -349,19 +470,12 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
     out[n - 1 + s] = (rank_ + 1 - s + n) % n;
     in[n - 1 + s] = (rank_ - s + n) % n;
   }
-  // Receives are posted ahead: Gloo sends a message only once its receive is
-  // posted, and a receive posted late costs the sender a wait for the notice.
-  // A reduce-scatter step receives into a region of tmp; there are two
-  // regions (one on 2 ranks), each step's receive is posted two steps ahead
-  // (the first two before the first send), into the region the step before
-  // last has finished reducing. So tmp stays two blocks (2/n of the buffer)
-  // however many ranks there are. An allgather step receives straight into
-  // buf, every one posted before the first send: the left neighbour sends a
-  // reduced block only after this rank's send of that block went out.
-  // Messages from one neighbour complete in the order sent, so counting
-  // completions per buffer tells the steps apart.
-  const int regions = std::min(n - 1, kRingRegions);
-  ring_tmp_.resize(static_cast<size_t>(regions) * max_block * es);
+  // A reduce-scatter message lands in tmp at its offset within the block; an
+  // allgather message lands in the result at its own place. Messages land only
+  // when this thread reads them (synchronous mode), in the order sent, so one
+  // block of tmp serves every step, and a message the left neighbour sends
+  // early (its next step, or its next call) waits in the socket.
+  ring_tmp_.resize(max_block * es);
   // Elements per chunk of a block of len elements; the sender and the receiver
   // of a block compute it from the same length, so their messages match.
   auto chunk_of = [es](size_t len) {
@@ -369,47 +483,49 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
     return std::max<size_t>((len + chunks - 1) / chunks, 1);
   };
   auto len_of = [&](int block) { return first[block + 1] - first[block]; };
-  const auto timeout = ctx_->getTimeout();
-  const uint32_t tag0 = tag_;
-  tag_ += steps;
+  RingLinks& links = *ring_;
+  const size_t bytes = count * es;
   try {
-    auto data = ctx_->createUnboundBuffer(buf, count * es);
-    auto tmp = ctx_->createUnboundBuffer(ring_tmp_.data(), ring_tmp_.size());
-    std::vector<size_t> recvs(steps, 0);
-    auto post = [&](int s) {
-      const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, tag0 + s);
-      const size_t len = len_of(in[s]), chunk = chunk_of(len);
-      for (size_t off = 0; off < len; off += chunk, ++recvs[s]) {
-        const size_t n_el = std::min(chunk, len - off);
-        if (s < n - 1) tmp->recv(left, slot, ((s % regions) * max_block + off) * es, n_el * es);
-        else data->recv(left, slot, (first[in[s]] + off) * es, n_el * es);
-      }
-    };
-    for (int s = 0; s < steps; ++s)
-      if (s < regions || s >= n - 1) post(s);
+    auto to_tmp = links.out().createSendBuffer(kRingScratchSlot, buf, bytes);
+    auto to_result = links.out().createSendBuffer(kRingResultSlot, buf, bytes);
+    auto tmp = links.in().createRecvBuffer(kRingScratchSlot, ring_tmp_.data(), ring_tmp_.size());
+    auto result = links.in().createRecvBuffer(kRingResultSlot, buf, bytes);
     for (int s = 0; s < steps; ++s) {
-      const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, tag0 + s);
-      const size_t out_len = len_of(out[s]), out_chunk = chunk_of(out_len);
-      size_t sends = 0;
-      for (size_t off = 0; off < out_len; off += out_chunk, ++sends)
-        data->send(right, slot, (first[out[s]] + off) * es, std::min(out_chunk, out_len - off) * es);
-      const size_t in_len = len_of(in[s]), in_chunk = chunk_of(in_len);
-      for (size_t i = 0; i < recvs[s]; ++i) {
-        if (s < n - 1) {
-          // A received chunk is reduced while the next ones are on the wire.
-          tmp->waitRecv(timeout);
-          const size_t off = i * in_chunk, len = std::min(in_chunk, in_len - off);
-          char* dst = buf + (first[in[s]] + off) * es;
-          Reduce(dst, ring_tmp_.data() + ((s % regions) * max_block + off) * es, dst, len, dt, op);
-        } else {
-          data->waitRecv(timeout);
+      const bool scatter = s < n - 1;
+      gloo::transport::Buffer* send = scatter ? to_tmp.get() : to_result.get();
+      const size_t out_first = first[out[s]], out_len = len_of(out[s]);
+      links.StartSends([=] {
+        const size_t chunk = chunk_of(out_len);
+        for (size_t off = 0; off < out_len; off += chunk) {
+          const size_t at = (out_first + off) * es;
+          send->send(at, std::min(chunk, out_len - off) * es, scatter ? off * es : at);
+          send->waitSend();
         }
+      });
+      const size_t in_len = len_of(in[s]), in_chunk = chunk_of(in_len);
+      char* block = buf + first[in[s]] * es;
+      try {
+        for (size_t off = 0; off < in_len; off += in_chunk) {
+          if (scatter) {
+            // A received chunk is reduced while the next ones are on the wire.
+            tmp->waitRecv();
+            const size_t len = std::min(in_chunk, in_len - off);
+            Reduce(block + off * es, ring_tmp_.data() + off * es, block + off * es, len, dt, op);
+          } else {
+            result->waitRecv();
+          }
+        }
+      } catch (...) {
+        // The sender reads buf: it must be done before buf can go.
+        try {
+          links.FinishSends();
+        } catch (...) {
+        }
+        throw;
       }
-      // This step's region is free again: the step two ahead receives into it.
-      if (s + regions < n - 1) post(s + regions);
-      for (size_t i = 0; i < sends; ++i) data->waitSend(timeout);
+      links.FinishSends();
     }
-  } catch (const gloo::Exception& e) {
+  } catch (const std::exception& e) {
     Rethrow("allreduce", e);
   }
 }

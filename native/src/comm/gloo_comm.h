@@ -25,11 +25,13 @@ namespace sdl {
 std::shared_ptr<gloo::transport::Device> MakeGlooDevice(const std::string& iface,
                                                          const std::string& hostname);
 
+class RingLinks;  // gloo_comm.cc: the ring's links and the thread that sends
+
 class GlooComm : public Comm {
  public:
   // Connects a full mesh among size members through the store (keys under the
-  // store's own prefix). Blocks until every member has called it or
-  // start_timeout_s passes.
+  // store's own prefix), and the ring's two links (RingAllreduce). Blocks until
+  // every member has called it or start_timeout_s passes.
   GlooComm(std::shared_ptr<gloo::transport::Device> device, gloo::rendezvous::Store& store,
            int rank, int size, std::vector<int> global_ranks, double timeout_s,
            double start_timeout_s);
@@ -62,7 +64,8 @@ class GlooComm : public Comm {
   std::vector<int> global_ranks_;
   uint32_t tag_ = 0;
   std::vector<uint8_t> gather_;    // GatherReduce's receive buffer, reused
-  std::vector<char> ring_tmp_;     // RingAllreduce: two received blocks (one on 2 ranks), reused
+  std::unique_ptr<RingLinks> ring_;  // RingAllreduce's links to the left and right neighbours
+  std::vector<char> ring_tmp_;     // RingAllreduce: one received block, reused
   std::vector<char> doubling_tmp_; // DoublingAllreduce's receive buffer, reused
   // AgreeBits. Declared after ctx_: the buffers (which hold the context) go
   // first, and a receive still posted at the end is simply dropped.
