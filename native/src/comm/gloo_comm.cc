@@ -1,5 +1,6 @@
 #include "comm/gloo_comm.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -115,7 +116,10 @@ class RingLinks {
       if (phase(rank) == p) out_ = Connect(device, store, rank, 0, timeout_s);
       if (phase(left) == p) in_ = Connect(device, store, left, 1, timeout_s);
     }
-    sender_ = std::thread([this] { SendLoop(); });
+    sender_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "sdl_ring_send");
+      SendLoop();
+    });
   }
 
   ~RingLinks() {
