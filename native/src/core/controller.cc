@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <unordered_set>
 
 #include "core/coordinator.h"
@@ -82,18 +81,26 @@ void Controller::RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, in
     for (uint64_t b = bits[w]; b; b &= b - 1)
       slots.push_back(static_cast<int>((w - 2) * 64 + __builtin_ctzll(b)));
   if (slots.empty()) return;
-  std::map<std::string, int> group_hits;
+  // Hits per group: a cycle holds few groups, so a scan, not a key per member.
+  std::vector<std::pair<const std::string*, int>> group_hits;
+  auto hits = [&](const std::string& group) -> int& {
+    for (auto& [name, n] : group_hits)
+      if (*name == group) return n;
+    group_hits.emplace_back(&group, 0);
+    return group_hits.back().second;
+  };
   for (int s : slots)
-    if (!ps.cache.request(s).group.empty()) group_hits[ps.cache.request(s).group]++;
+    if (!ps.cache.request(s).group.empty()) hits(ps.cache.request(s).group)++;
   std::vector<Response> ready;
+  std::vector<size_t> groups;
   for (int s : slots) {
     const Request& rq = ps.cache.request(s);
     // A group runs from the cache only when every member of it hit.
-    if (!rq.group.empty() && group_hits[rq.group] < rq.group_size) continue;
-    ready.push_back(ps.cache.response(s));
+    if (!rq.group.empty() && hits(rq.group) < rq.group_size) continue;
+    AppendMerged(&ready, &groups, ps.cache.response(s));
     ps.cache.Touch(s);
   }
-  for (const Response& r : FuseResponses(MergeGroups(std::move(ready)), threshold)) {
+  for (const Response& r : FuseResponses(std::move(ready), threshold)) {
     counters_.cache_hits += static_cast<int64_t>(r.names.size());
     execute_(ps, r, true);
   }

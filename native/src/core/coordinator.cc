@@ -376,33 +376,26 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
   return FuseResponses(std::move(ready), fusion_threshold);
 }
 
-std::vector<Response> MergeGroups(std::vector<Response> ready) {
-  std::vector<Response> out;
-  out.reserve(ready.size());
-  std::vector<size_t> merged;  // indices in out of the group responses so far (a few)
-  for (Response& r : ready) {
-    if (r.group.empty() || r.op != OpType::kAllreduce) {
-      out.push_back(std::move(r));
-      continue;
-    }
-    // One fused response per group, dtype and device (see the group merge in the
-    // negotiation). A cycle holds few groups: a scan beats building a key per member.
-    size_t at = out.size();
-    for (size_t i : merged) {
-      const Response& m = out[i];
+void AppendMerged(std::vector<Response>* out, std::vector<size_t>* groups, const Response& r) {
+  if (!r.group.empty() && r.op == OpType::kAllreduce) {
+    // A cycle holds few groups: a scan beats building a key per member.
+    for (size_t i : *groups) {
+      Response& m = (*out)[i];
       if (m.group == r.group && m.dtype == r.dtype && m.device == r.device) {
-        at = i;
-        break;
+        m.names.push_back(r.names[0]);
+        m.shapes.push_back(r.shapes[0]);
+        return;
       }
     }
-    if (at == out.size()) {
-      merged.push_back(at);
-      out.push_back(std::move(r));
-    } else {
-      out[at].names.push_back(std::move(r.names[0]));
-      out[at].shapes.push_back(std::move(r.shapes[0]));
-    }
+    groups->push_back(out->size());
   }
+  out->push_back(r);
+}
+
+std::vector<Response> MergeGroups(const std::vector<Response>& ready) {
+  std::vector<Response> out;
+  std::vector<size_t> groups;
+  for (const Response& r : ready) AppendMerged(&out, &groups, r);
   return out;
 }
 

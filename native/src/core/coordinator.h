@@ -26,7 +26,14 @@ void CoordinatorAdd(ProcessSet& ps, int member, std::vector<Request> reqs, bool 
 std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold, double stall_s,
                                        double mismatch_s, std::vector<std::string>* warnings);
 
+// Appends a copy of the cached single-name response r to out, except that a
+// member of a grouped allreduce joins its group's response there instead (one
+// per group, dtype and device, as in the negotiation's group merge); groups
+// holds the indices in out of the group responses so far. Members cost a name
+// and a shape each, not a whole response.
+void AppendMerged(std::vector<Response>* out, std::vector<size_t>* groups, const Response& r);
+
 // Merges cached single-name responses of the same group into one response.
-std::vector<Response> MergeGroups(std::vector<Response> ready);
+std::vector<Response> MergeGroups(const std::vector<Response>& ready);
 
 }  // namespace sdl

@@ -70,7 +70,9 @@ std::vector<std::string> Operations::BackendNames() const {
 }
 
 void Operations::CheckServable(const Request& req) const {
-  if (!DataOp(req.op)) return;
+  // The host transport backend is always registered and serves every host
+  // tensor (this runs for each tensor of every step: no probe for those).
+  if (!DataOp(req.op) || req.device.host()) return;
   Response probe;
   probe.op = req.op;
   probe.dtype = req.dtype;
