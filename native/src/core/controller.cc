@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <unordered_set>
 
 #include "core/coordinator.h"
 #include "core/fusion.h"
@@ -29,8 +28,7 @@ bool Controller::Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutd
   std::vector<uint64_t> bits(words, 0);
   uint64_t flags = 0;
   const double now = SteadySeconds();
-  for (const std::string& name : ps.pending_order) {
-    Entry& e = ps.pending[name];
+  for (auto& [name, e] : ps.pending) {
     if (e.sent) continue;
     int slot = ps.cache.Lookup(e.req);
     if (slot >= 0 && now - e.since < kCachedWaitS) bits[2 + slot / 64] |= uint64_t{1} << (slot % 64);
@@ -60,18 +58,6 @@ bool Controller::Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutd
   // b)-e) full negotiation through the coordinator.
   if (flags & (kNeedFull | kCoordPending | kJoinedFlag)) Negotiate(ps, cfg);
 
-  // Drop finished names from the order (a name may be enqueued again later).
-  // Usually everything finished: nothing to keep.
-  if (ps.pending.empty()) {
-    ps.pending_order.clear();
-    return false;
-  }
-  std::vector<std::string> order;
-  order.reserve(ps.pending.size());
-  std::unordered_set<std::string> kept;
-  for (std::string& name : ps.pending_order)
-    if (ps.pending.count(name) && kept.insert(name).second) order.push_back(std::move(name));
-  ps.pending_order.swap(order);
   return false;
 }
 
@@ -108,12 +94,16 @@ void Controller::RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, in
 
 void Controller::Negotiate(ProcessSet& ps, const Config& cfg) {
   counters_.full_negotiations++;
+  // Unsent requests, in the order this rank took them in.
+  std::vector<Entry*> unsent;
+  for (auto& [name, e] : ps.pending)
+    if (!e.sent) unsent.push_back(&e);
+  std::sort(unsent.begin(), unsent.end(), [](const Entry* a, const Entry* b) { return a->seq < b->seq; });
   std::vector<Request> send;
-  for (const std::string& name : ps.pending_order) {
-    auto it = ps.pending.find(name);
-    if (it == ps.pending.end() || it->second.sent) continue;
-    it->second.sent = true;
-    send.push_back(it->second.req);
+  send.reserve(unsent.size());
+  for (Entry* e : unsent) {
+    e->sent = true;
+    send.push_back(e->req);
   }
   // Only the coordinator reads the lists: a gather, not an allgather.
   std::vector<std::string> all = ps.comm->GatherBytes(EncodeRequests(send, ps.joined, false), 0);

@@ -49,6 +49,8 @@ double SteadySeconds() {
 
 void Runtime::Intake(ProcessSet& ps) {
   std::lock_guard<std::mutex> lk(ps.mu);
+  if (ps.incoming.empty()) return;
+  const double now = SteadySeconds();
   while (!ps.incoming.empty()) {
     Entry e = std::move(ps.incoming.front());
     ps.incoming.pop_front();
@@ -57,9 +59,10 @@ void Runtime::Intake(ProcessSet& ps) {
       ps.join_handle = e.handle;
       continue;
     }
-    e.since = SteadySeconds();
-    ps.pending_order.push_back(e.req.name);
-    ps.pending.insert_or_assign(ps.pending_order.back(), std::move(e));
+    e.since = now;
+    e.seq = ps.next_seq++;
+    std::string name = e.req.name;
+    ps.pending.insert_or_assign(std::move(name), std::move(e));
   }
 }
 

@@ -30,6 +30,7 @@ struct Entry {
   uintptr_t stream = 0;      // the framework's stream for device tensors (0: default)
   bool sent = false;         // already sent to the coordinator
   double since = 0;          // steady-clock seconds when the background thread took it in
+  uint64_t seq = 0;          // intake order within its set (requests go out in this order)
 };
 
 // What the coordinator (member 0) knows of one name across the set's members.
@@ -69,7 +70,7 @@ struct ProcessSet {
 
   // Background-thread side.
   std::unordered_map<std::string, Entry> pending;
-  std::vector<std::string> pending_order;
+  uint64_t next_seq = 0;     // Entry::seq of the next one taken in
   ResponseCache cache;
   Coordinator coord;
   bool joined = false;        // this rank called join and waits for the others
