@@ -6,6 +6,7 @@
 #include <csignal>
 
 #include <chrono>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -63,6 +64,32 @@ TEST_P(GlooRingSequence, ChangingSizesAndOtherCollectivesBetween) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Members, GlooRingSequence, ::testing::Values(2, 3, 4));
+
+// Out of place on the ring's path: out receives the sum, in keeps its values,
+// and the bits are those of the in-place call.
+class GlooRingInto : public ::testing::TestWithParam<std::tuple<int, size_t>> {};
+
+TEST_P(GlooRingInto, MatchesInPlaceAndLeavesTheInputAlone) {
+  const int n = std::get<0>(GetParam());
+  const size_t count = std::get<1>(GetParam());
+  RunGlooMembers(n, [&](int r, GlooComm& comm) {
+    // Values with fractions, so that the order of the additions shows in the bits.
+    std::vector<float> in(count), out(count, -1.0f), inplace(count);
+    for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>((i % 89) * (r + 1)) / 7.0f;
+    inplace = in;
+    const std::vector<float> before = in;
+    comm.AllreduceInto(in.data(), out.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    comm.Allreduce(inplace.data(), count, DataType::kFloat32, ReduceOp::kSum);
+    EXPECT_EQ(in, before) << "member " << r << ": the input changed";
+    size_t wrong = 0;
+    for (size_t i = 0; i < count; ++i) wrong += std::memcmp(&out[i], &inplace[i], sizeof(float)) != 0;
+    EXPECT_EQ(wrong, 0u) << "member " << r << ": out of place differs from in place";
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, GlooRingInto,
+                         ::testing::Combine(::testing::Values(2, 3, 4),
+                                            ::testing::Values(size_t{40000}, size_t{2359299})));
 
 // Large calls back to back with nothing between them: blocks far larger than
 // the sockets' buffers (a write blocks until the neighbour reads), and a

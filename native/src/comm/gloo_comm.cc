@@ -255,19 +255,26 @@ void GlooComm::Rethrow(const char* what, const std::exception& e) {
                   " (a peer died, hung past SDL_TIMEOUT, or the network broke): " + e.what());
 }
 
+bool GlooComm::RingPath(size_t count, DataType dt) const {
+  const size_t bytes = count * DataTypeSize(dt);
+  if (bytes <= kDoublingBytes && DoublingRounds(size_) < size_ - 1) return false;
+  if (bytes * size_ <= kGatherReduceBytes) return false;
+  return size_ > 1 && count >= static_cast<size_t>(size_);
+}
+
 void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
   if (count == 0) return;
   const size_t bytes = count * DataTypeSize(dt);
+  if (RingPath(count, dt)) {
+    RingAllreduce(static_cast<char*>(buf), static_cast<char*>(buf), count, dt, op);
+    return;
+  }
   if (bytes <= kDoublingBytes && DoublingRounds(size_) < size_ - 1) {
     DoublingAllreduce(static_cast<char*>(buf), count, dt, op);
     return;
   }
   if (bytes * size_ <= kGatherReduceBytes) {
     GatherReduce(buf, count, bytes, dt, op);
-    return;
-  }
-  if (size_ > 1 && count >= static_cast<size_t>(size_)) {
-    RingAllreduce(static_cast<char*>(buf), count, dt, op);
     return;
   }
   gloo::AllreduceOptions opts(ctx_);
@@ -286,6 +293,15 @@ void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
   } catch (const gloo::Exception& e) {
     Rethrow("allreduce", e);
   }
+}
+
+void GlooComm::AllreduceInto(const void* in, void* out, size_t count, DataType dt,
+                             ReduceOp op) {
+  if (count > 0 && in != out && RingPath(count, dt)) {
+    RingAllreduce(static_cast<const char*>(in), static_cast<char*>(out), count, dt, op);
+    return;
+  }
+  Comm::AllreduceInto(in, out, count, dt, op);
 }
 
 void GlooComm::GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, ReduceOp op) {
@@ -454,7 +470,7 @@ void GlooComm::AgreeBits(uint64_t* bits, size_t words) {
   }
 }
 
-void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) {
+void GlooComm::RingAllreduce(const char* src, char* buf, size_t count, DataType dt, ReduceOp op) {
   const size_t es = DataTypeSize(dt);
   const int n = size_;
   // Block q: elements [first[q], first[q + 1]).
@@ -474,6 +490,11 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
     out[n - 1 + s] = (rank_ + 1 - s + n) % n;
     in[n - 1 + s] = (rank_ - s + n) % n;
   }
+  // Out of place (src != buf), this rank's own values are read from src: the
+  // first step sends its block from there, and each reduce-scatter step
+  // reduces the received block with src's into buf. Every block of buf is
+  // written once before it is read (reduced in one reduce-scatter step, or
+  // received in allgather), so the result is bit for bit the in-place one's.
   // A reduce-scatter message lands in tmp at its offset within the block; an
   // allgather message lands in the result at its own place. Messages land only
   // when this thread reads them (synchronous mode), in the order sent, so one
@@ -490,13 +511,15 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
   RingLinks& links = *ring_;
   const size_t bytes = count * es;
   try {
+    auto first_to_tmp = links.out().createSendBuffer(kRingScratchSlot, const_cast<char*>(src), bytes);
     auto to_tmp = links.out().createSendBuffer(kRingScratchSlot, buf, bytes);
     auto to_result = links.out().createSendBuffer(kRingResultSlot, buf, bytes);
     auto tmp = links.in().createRecvBuffer(kRingScratchSlot, ring_tmp_.data(), ring_tmp_.size());
     auto result = links.in().createRecvBuffer(kRingResultSlot, buf, bytes);
     for (int s = 0; s < steps; ++s) {
       const bool scatter = s < n - 1;
-      gloo::transport::Buffer* send = scatter ? to_tmp.get() : to_result.get();
+      gloo::transport::Buffer* send =
+          s == 0 ? first_to_tmp.get() : scatter ? to_tmp.get() : to_result.get();
       const size_t out_first = first[out[s]], out_len = len_of(out[s]);
       links.StartSends([=] {
         const size_t chunk = chunk_of(out_len);
@@ -508,13 +531,14 @@ void GlooComm::RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) 
       });
       const size_t in_len = len_of(in[s]), in_chunk = chunk_of(in_len);
       char* block = buf + first[in[s]] * es;
+      const char* mine = src + first[in[s]] * es;  // this rank's own values of the block
       try {
         for (size_t off = 0; off < in_len; off += in_chunk) {
           if (scatter) {
             // A received chunk is reduced while the next ones are on the wire.
             tmp->waitRecv();
             const size_t len = std::min(in_chunk, in_len - off);
-            Reduce(block + off * es, ring_tmp_.data() + off * es, block + off * es, len, dt, op);
+            Reduce(block + off * es, ring_tmp_.data() + off * es, mine + off * es, len, dt, op);
           } else {
             result->waitRecv();
           }

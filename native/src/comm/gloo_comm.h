@@ -42,6 +42,8 @@ class GlooComm : public Comm {
   const char* kind() const override { return "gloo"; }
 
   void Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) override;
+  // On the ring's path the first steps read in directly (no copy to out first).
+  void AllreduceInto(const void* in, void* out, size_t count, DataType dt, ReduceOp op) override;
   // Receives for the next call are posted when a call ends (gloo_comm.cc).
   void AgreeBits(uint64_t* bits, size_t words) override;
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
@@ -53,7 +55,10 @@ class GlooComm : public Comm {
  private:
   [[noreturn]] void Rethrow(const char* what, const std::exception& e);
   void GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, ReduceOp op);
-  void RingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op);
+  // Whether Allreduce of count elements of dt takes the ring.
+  bool RingPath(size_t count, DataType dt) const;
+  // buf receives the reduction of every member's src (src == buf: in place).
+  void RingAllreduce(const char* src, char* buf, size_t count, DataType dt, ReduceOp op);
   void DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op);
   // AgreeBits' schedule (agree_steps_) and buffers, and the posting of one
   // call's receives.
