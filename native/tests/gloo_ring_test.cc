@@ -136,7 +136,7 @@ TEST(GlooRingFailure, LeavingMemberFailsTheOthersQuickly) {
   });
 }
 
-// Members: 2-6 (from 4 on, the reduce-scatter reuses its two scratch regions).
+// Members: 2-6.
 // Element counts: just above the small-message paths; 3.2 MB and 3 MiB + 20
 // bytes (uneven blocks of 1-1.6 MB, which move whole); 9 MiB + 12 bytes
 // (blocks of 3-4.5 MiB, which move in chunks of about 1 MiB).

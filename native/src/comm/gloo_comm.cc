@@ -255,27 +255,28 @@ void GlooComm::Rethrow(const char* what, const std::exception& e) {
                   " (a peer died, hung past SDL_TIMEOUT, or the network broke): " + e.what());
 }
 
-bool GlooComm::RingPath(size_t count, DataType dt) const {
+GlooComm::Path GlooComm::AllreducePath(size_t count, DataType dt) const {
   const size_t bytes = count * DataTypeSize(dt);
-  if (bytes <= kDoublingBytes && DoublingRounds(size_) < size_ - 1) return false;
-  if (bytes * size_ <= kGatherReduceBytes) return false;
-  return size_ > 1 && count >= static_cast<size_t>(size_);
+  if (bytes <= kDoublingBytes && DoublingRounds(size_) < size_ - 1) return Path::kDoubling;
+  if (bytes * size_ <= kGatherReduceBytes) return Path::kGather;
+  if (size_ > 1 && count >= static_cast<size_t>(size_)) return Path::kRing;
+  return Path::kGloo;
 }
 
 void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
   if (count == 0) return;
-  const size_t bytes = count * DataTypeSize(dt);
-  if (RingPath(count, dt)) {
-    RingAllreduce(static_cast<char*>(buf), static_cast<char*>(buf), count, dt, op);
-    return;
-  }
-  if (bytes <= kDoublingBytes && DoublingRounds(size_) < size_ - 1) {
-    DoublingAllreduce(static_cast<char*>(buf), count, dt, op);
-    return;
-  }
-  if (bytes * size_ <= kGatherReduceBytes) {
-    GatherReduce(buf, count, bytes, dt, op);
-    return;
+  switch (AllreducePath(count, dt)) {
+    case Path::kDoubling:
+      DoublingAllreduce(static_cast<char*>(buf), count, dt, op);
+      return;
+    case Path::kGather:
+      GatherReduce(buf, count, count * DataTypeSize(dt), dt, op);
+      return;
+    case Path::kRing:
+      RingAllreduce(static_cast<char*>(buf), static_cast<char*>(buf), count, dt, op);
+      return;
+    case Path::kGloo:
+      break;
   }
   gloo::AllreduceOptions opts(ctx_);
   switch (DataTypeSize(dt)) {
@@ -297,7 +298,7 @@ void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
 
 void GlooComm::AllreduceInto(const void* in, void* out, size_t count, DataType dt,
                              ReduceOp op) {
-  if (count > 0 && in != out && RingPath(count, dt)) {
+  if (count > 0 && in != out && AllreducePath(count, dt) == Path::kRing) {
     RingAllreduce(static_cast<const char*>(in), static_cast<char*>(out), count, dt, op);
     return;
   }
@@ -544,7 +545,7 @@ void GlooComm::RingAllreduce(const char* src, char* buf, size_t count, DataType 
           }
         }
       } catch (...) {
-        // The sender reads buf: it must be done before buf can go.
+        // The sender reads buf and src: it must be done before they can go.
         try {
           links.FinishSends();
         } catch (...) {

@@ -55,8 +55,9 @@ class GlooComm : public Comm {
  private:
   [[noreturn]] void Rethrow(const char* what, const std::exception& e);
   void GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, ReduceOp op);
-  // Whether Allreduce of count elements of dt takes the ring.
-  bool RingPath(size_t count, DataType dt) const;
+  // The algorithm an allreduce of count elements of dt runs (gloo_comm.cc).
+  enum class Path { kDoubling, kGather, kRing, kGloo };
+  Path AllreducePath(size_t count, DataType dt) const;
   // buf receives the reduction of every member's src (src == buf: in place).
   void RingAllreduce(const char* src, char* buf, size_t count, DataType dt, ReduceOp op);
   void DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op);
