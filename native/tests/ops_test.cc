@@ -58,8 +58,23 @@ class FakeDeviceMemory : public DeviceMemory {
     }
     return host_.BatchedCopy(Device{}, e, n, dt, s);
   }
-  Status WaitForStream(Device d, uintptr_t stream) override {
+  // A mark is the stream's "clock" (how much work it had queued) when it was made.
+  struct Mark : ReadyMark {
+    uintptr_t stream = 0;
+    int clock = 0;
+  };
+  Status MarkReady(Device d, uintptr_t stream, std::shared_ptr<const ReadyMark>* out) override {
+    auto m = std::make_shared<Mark>();
+    m->stream = stream;
+    m->clock = clock[stream];
+    *out = m;
+    return Status::OK();
+  }
+  Status WaitForStream(Device d, uintptr_t stream, const ReadyMark* mark) override {
     waited.push_back(stream);
+    if (mark) EXPECT_EQ(static_cast<const Mark*>(mark)->stream, stream);
+    // Without a mark: what the stream has queued now.
+    waited_clock.push_back(mark ? static_cast<const Mark*>(mark)->clock : clock[stream]);
     return Status::OK();
   }
   Status SignalStream(Device d, uintptr_t stream) override {
@@ -84,6 +99,8 @@ class FakeDeviceMemory : public DeviceMemory {
   std::map<char*, size_t> sizes;
   int to_host = 0, from_host = 0, batches = 0;
   std::vector<uintptr_t> waited, signalled;
+  std::map<uintptr_t, int> clock;  // per framework stream: work queued so far
+  std::vector<int> waited_clock;   // per wait: the clock waited for
 
  private:
   HostMemory host_;
@@ -301,6 +318,39 @@ TEST_F(Staging, FusedAllreducePacksOnDeviceAndCrossesOnceEachWay) {
   EXPECT_EQ(std::get<1>(keys[0]), DataType::kFloat32);
   EXPECT_EQ(std::get<2>(keys[0]), 0);
   for (float* p : {a, b, c_in, c_out}) dev->Free(kGpu, p);
+}
+
+// The core waits for what each framework stream had queued when the tensor
+// was enqueued (its mark), once per stream, for the entry enqueued last there;
+// the marks are dropped once waited for, so their events can be reused.
+TEST_F(Staging, InputsWaitForTheLastMarkOfEachStreamAndDropTheMarks) {
+  float* x = dev->New<float>({1, 2, 3, 4});
+  std::vector<Entry> es;
+  const uintptr_t streams[] = {7, 9, 7, 7};
+  for (int i = 0; i < 4; ++i) {
+    es.push_back(MakeEntry("t" + std::to_string(i), {1}, kGpu, x + i, x + i, streams[i]));
+    es.back().seq = 10 + i;
+    dev->clock[streams[i]] += 1;  // the tensor's producer
+    ASSERT_TRUE(ops.MarkReady(kGpu, streams[i], &es.back().ready).ok());
+  }
+  ASSERT_NE(es[0].ready, nullptr);
+  dev->clock[7] += 5;  // the framework queues more before the collective runs
+  dev->clock[9] += 5;
+  // Listed out of enqueue order: the last mark on 7 is t3's (clock 3), on 9 t1's (1).
+  Response r = AllreduceResponse({"t2", "t3", "t0", "t1"}, {{1}, {1}, {1}, {1}},
+                                 DeviceType::kCUDA);
+  ASSERT_TRUE(ops.Allreduce(ps, r, {&es[2], &es[3], &es[0], &es[1]}).ok());
+  EXPECT_EQ(dev->waited, (std::vector<uintptr_t>{7, 9}));
+  EXPECT_EQ(dev->waited_clock, (std::vector<int>{3, 1}));
+  for (const Entry& e : es) EXPECT_EQ(e.ready, nullptr) << e.req.name;
+  std::shared_ptr<const ReadyMark> host;
+  ASSERT_TRUE(ops.MarkReady(Device{}, 7, &host).ok());
+  EXPECT_EQ(host, nullptr) << "host tensors have nothing to wait for";
+  dev->Free(kGpu, x);
+}
+
+TEST_F(Staging, AMemoryIsNeverReplaced) {
+  EXPECT_THROW(ops.AddDeviceMemory(std::make_unique<FakeDeviceMemory>()), Error);
 }
 
 TEST_F(Staging, FusionBuffersAreKeptPerDeviceDtypeAndSetAndFreedWithTheSet) {

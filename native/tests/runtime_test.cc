@@ -8,6 +8,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -93,6 +94,77 @@ TEST_P(Threads, CudaTensorIsRefusedAtEnqueueWithoutABackend) {
       EXPECT_NE(std::string(e.what()).find("cuda:" + std::to_string(rank)), std::string::npos);
     }
   });
+}
+
+// Host memory posing as a CUDA device whose framework streams keep a clock (the
+// work queued on them so far): records each ready mark (the clock, and the
+// thread that took it) and each wait of the core's stream.
+class ClockedDevice : public HostMemory {
+ public:
+  struct Mark : ReadyMark {
+    std::thread::id thread;
+    int clock = 0;
+  };
+  DeviceType type() const override { return DeviceType::kCUDA; }
+  Status MarkReady(Device, uintptr_t stream, std::shared_ptr<const ReadyMark>* out) override {
+    auto m = std::make_shared<Mark>();
+    m->thread = std::this_thread::get_id();
+    m->clock = clock.load();
+    std::lock_guard<std::mutex> lk(mu);
+    marked.push_back(stream);
+    *out = m;
+    return Status::OK();
+  }
+  Status WaitForStream(Device, uintptr_t stream, const ReadyMark* mark) override {
+    std::lock_guard<std::mutex> lk(mu);
+    waits.push_back(mark ? *static_cast<const Mark*>(mark) : Mark{});
+    if (!mark) waits.back().clock = clock.load();
+    return Status::OK();
+  }
+  std::atomic<int> clock{0};
+  std::mutex mu;
+  std::vector<uintptr_t> marked;
+  std::vector<Mark> waits;
+};
+
+TEST(DeviceStreams, TheCoreWaitsForWhatTheStreamHadQueuedAtEnqueue) {
+#ifdef SDL_HAVE_CUDA
+  // Where CUDA is usable the runtime registers the real CUDA memory (tests/gpu covers it).
+  if (gpu::QueryCuda().usable) GTEST_SKIP() << "CUDA is usable here";
+#endif
+  ClockedDevice* dev = nullptr;
+  RuntimeOptions o;
+  o.hostname = "127.0.0.1";
+  o.add_ops = [&](Operations& ops) {
+    auto m = std::make_unique<ClockedDevice>();
+    dev = m.get();
+    ops.AddDeviceMemory(std::move(m));
+  };
+  Runtime rt(std::move(o));
+  ASSERT_NE(dev, nullptr);
+  std::vector<float> x(6, 1.0f);
+  std::vector<Runtime::Submission> subs(3);
+  const uintptr_t streams[] = {7, 7, 9};
+  for (int i = 0; i < 3; ++i) {
+    subs[i].req = Req(OpType::kAllreduce, "g" + std::to_string(i), {2});
+    subs[i].req.device = Device{DeviceType::kCUDA, 0};
+    subs[i].in = subs[i].out = x.data() + 2 * i;
+    subs[i].stream = streams[i];
+  }
+  dev->clock = 1;  // the gradients' producers
+  const int64_t first = rt.EnqueueMany(0, std::move(subs));
+  dev->clock = 2;  // the rest of the backward pass, queued after the enqueue
+  for (int i = 0; i < 3; ++i) {
+    Result res = WaitFor(rt, first + i);
+    EXPECT_EQ(res.code, ErrorCode::kOk) << res.message;
+  }
+  std::lock_guard<std::mutex> lk(dev->mu);
+  EXPECT_EQ(dev->marked, (std::vector<uintptr_t>{7, 9})) << "one mark per stream of the batch";
+  ASSERT_EQ(dev->waits.size(), 2u) << "one wait per stream of the response";
+  for (const ClockedDevice::Mark& w : dev->waits) {
+    EXPECT_EQ(w.thread, std::this_thread::get_id()) << "the mark is taken by the enqueuing thread";
+    EXPECT_EQ(w.clock, 1) << "the core waited for work queued after the enqueue";
+  }
 }
 
 TEST_P(Threads, CollectiveAfterAPeerShutDownNamesThatPeer) {

@@ -17,6 +17,7 @@
 #include "common/message.h"
 #include "core/handles.h"
 #include "core/response_cache.h"
+#include "ops/device_memory.h"
 
 namespace sdl {
 
@@ -28,6 +29,10 @@ struct Entry {
   std::shared_ptr<Buffer> output;  // core-allocated out (allreduce), handed back on success
   int64_t handle = 0;
   uintptr_t stream = 0;      // the framework's stream for device tensors (0: default)
+  // Device tensors: what stream had queued at enqueue (the tensor's producer),
+  // recorded under the set's lock, so on one stream marks follow seq order.
+  // Dropped once the core's stream waited for it.
+  std::shared_ptr<const ReadyMark> ready;
   bool sent = false;         // already sent to the coordinator
   double since = 0;          // steady-clock seconds when the background thread took it in
   uint64_t seq = 0;          // intake order within its set (requests go out in this order)

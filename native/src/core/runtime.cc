@@ -62,6 +62,7 @@ Runtime::Runtime(RuntimeOptions opts)
   // CUDA memory and NCCL in a GPU build (before the background thread starts);
   // creating an NCCL communicator waits for every member, as starting does.
   AddGpuBackends(ops_, config_.start_timeout_s, config_.hierarchical_allreduce, &host_of_rank_);
+  if (opts_.add_ops) opts_.add_ops(ops_);
   if (opts_.use_mpi) {
     InitMpi();
   } else {
@@ -426,8 +427,25 @@ int64_t Runtime::EnqueueMany(int32_t ps_id, std::vector<Submission> subs) {
   std::vector<std::shared_ptr<Buffer>> outputs(subs.size());
   for (size_t i = 0; i < subs.size(); ++i) CheckSubmission(*ps, subs[i], &outputs[i]);
   int64_t first;
+  std::vector<std::shared_ptr<const ReadyMark>> marks(subs.size());
   {
     std::lock_guard<std::mutex> lk(ps->mu);
+    // Device tensors: what their framework streams have queued now (the
+    // producers), one mark per (device, stream) of the batch. Under the lock,
+    // so on one stream the marks follow the entries' order (WaitInputs waits
+    // for the last one only). The core waits for this point, not for work the
+    // framework queues later.
+    for (size_t i = 0; i < subs.size(); ++i) {
+      const Device d = subs[i].req.device;
+      if (d.host()) continue;
+      for (size_t j = 0; j < i && !marks[i]; ++j)
+        if (subs[j].req.device == d && subs[j].stream == subs[i].stream) marks[i] = marks[j];
+      if (marks[i]) continue;
+      Status s = ops_.MarkReady(d, subs[i].stream, &marks[i]);
+      if (!s.ok())
+        throw Error(s.code, std::string(OpTypeName(subs[i].req.op)) + " of '" +
+                                subs[i].req.name + "': " + s.message);
+    }
     for (size_t i = 0; i < subs.size(); ++i) {
       if (!ps->inflight.insert(subs[i].req.name).second) {
         for (size_t j = 0; j < i; ++j) ps->inflight.erase(subs[j].req.name);  // all or nothing
@@ -445,6 +463,7 @@ int64_t Runtime::EnqueueMany(int32_t ps_id, std::vector<Submission> subs) {
       e.output = std::move(outputs[i]);
       e.handle = first + static_cast<int64_t>(i);
       e.stream = subs[i].stream;
+      e.ready = std::move(marks[i]);
       ps->incoming.push_back(std::move(e));
     }
   }

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,9 @@ struct RuntimeOptions {
   bool use_mpi = false;
   intptr_t mpi_comm_addr = 0;        // address of an MPI_Comm (mpi4py); 0: MPI_COMM_WORLD
   std::vector<int32_t> mpi_ranks;    // init(comm=[ranks]): a subset of MPI_COMM_WORLD
+  // Registers more device memories and backends before the background thread
+  // starts (C++ tests: a fake device).
+  std::function<void(Operations&)> add_ops;
 };
 
 class Runtime {

@@ -163,13 +163,56 @@ Status CudaMemory::BatchedCopy(Device d, const CopyEntry* entries, int n, DataTy
   return FromGpu(gpu::BatchedScaledCopy(spans, dt, s.factor, pd->stream.get(), s.divisor));
 }
 
-Status CudaMemory::WaitForStream(Device d, uintptr_t stream) {
+class CudaMemory::CudaMark : public ReadyMark {
+ public:
+  CudaMark(std::shared_ptr<MarkPool> pool, int device, gpu::Event event)
+      : pool_(std::move(pool)), device_(device), event_(std::move(event)) {}
+  ~CudaMark() override {
+    std::lock_guard<std::mutex> lk(pool_->mu);
+    pool_->free[device_].push_back(std::move(event_));
+  }
+  const gpu::Event& event() const { return event_; }
+
+ private:
+  std::shared_ptr<MarkPool> pool_;
+  int device_;
+  gpu::Event event_;
+};
+
+Status CudaMemory::MarkReady(Device d, uintptr_t stream,
+                             std::shared_ptr<const ReadyMark>* out) {
+  out->reset();
+  if (!gpu::QueryCuda().usable) return NoCuda();
+  gpu::Event event;
+  {
+    std::lock_guard<std::mutex> lk(marks_->mu);
+    std::vector<gpu::Event>& free = marks_->free[d.index];
+    if (!free.empty()) {
+      event = std::move(free.back());
+      free.pop_back();
+    }
+  }
+  if (!event.get()) SDL_RETURN_IF_ERROR(FromGpu(gpu::Event::Create(d.index, &event)));
+  // Recorded with d current: the legacy default stream (1) is the current
+  // device's, and the per-thread one (2) is this thread's, the framework's.
+  gpu::DeviceGuard guard(gpu::Cuda(), d.index);
+  SDL_RETURN_IF_ERROR(FromGpu(guard.status()));
+  // A failed record leaves the event unrecorded; it still goes back to the pool.
+  auto mark = std::make_shared<CudaMark>(marks_, d.index, std::move(event));
+  SDL_RETURN_IF_ERROR(FromGpu(mark->event().Record(FrameworkStream(stream))));
+  *out = std::move(mark);
+  return Status::OK();
+}
+
+Status CudaMemory::WaitForStream(Device d, uintptr_t stream, const ReadyMark* mark) {
   PerDevice* pd = nullptr;
   SDL_RETURN_IF_ERROR(Get(d, &pd));
   gpu::DeviceGuard guard(gpu::Cuda(), d.index);
   SDL_RETURN_IF_ERROR(FromGpu(guard.status()));
-  // Everything the framework queued on its stream up to now (the tensor's
-  // producer) before the core's next work on d; later framework work is not waited for.
+  // The mark recorded at enqueue: the tensor's producer and what came before
+  // it on the framework's stream, not the work the framework queued since.
+  if (mark) return FromGpu(static_cast<const CudaMark*>(mark)->event().MakeStreamWait(pd->stream.get()));
+  // Without one, everything queued on the stream up to now.
   SDL_RETURN_IF_ERROR(FromGpu(pd->event.Record(FrameworkStream(stream))));
   return FromGpu(pd->event.MakeStreamWait(pd->stream.get()));
 }
@@ -182,6 +225,9 @@ Status CudaMemory::SignalStream(Device d, uintptr_t stream) {
   // The outputs (and the reads of the inputs) are queued on the core stream:
   // the framework's later work on its stream runs after them, so the caller may
   // read the result and reuse the input's memory in stream order.
+  // The per-thread default stream named here would be this thread's, not the
+  // framework's: finish the work on the host instead, before the handle completes.
+  if (stream == kPerThreadDefaultStream) return FromGpu(pd->stream.Synchronize());
   SDL_RETURN_IF_ERROR(FromGpu(pd->event.Record(pd->stream.get())));
   return FromGpu(pd->event.MakeStreamWait(FrameworkStream(stream)));
 }

@@ -20,6 +20,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -38,7 +39,11 @@ class CudaMemory : public DeviceMemory {
   Status CopyFromHost(Device d, void* dst, const void* host, size_t bytes) override;
   Status BatchedCopy(Device d, const CopyEntry* entries, int n, DataType dt,
                      const Scaling& s) override;
-  Status WaitForStream(Device d, uintptr_t stream) override;
+  // Any thread: an event from a per-device pool, recorded on the framework's
+  // stream with d current (the legacy and per-thread default streams are the
+  // caller's); it returns to the pool when the mark is dropped.
+  Status MarkReady(Device d, uintptr_t stream, std::shared_ptr<const ReadyMark>* out) override;
+  Status WaitForStream(Device d, uintptr_t stream, const ReadyMark* mark) override;
   Status SignalStream(Device d, uintptr_t stream) override;
   // Pinned staging (cudaHostAlloc, portable), pooled per (device, size class)
   // (ops/staging_pool.h). When pinning fails the buffer is pageable (one log
@@ -63,6 +68,16 @@ class CudaMemory : public DeviceMemory {
 
   std::map<int, std::unique_ptr<PerDevice>> devices_;
 
+  // Events of dropped ready marks per device, for the next MarkReady; shared
+  // with the marks, which may outlive this memory (entries of a runtime that
+  // is being torn down).
+  struct MarkPool {
+    std::mutex mu;
+    std::map<int, std::vector<gpu::Event>> free;
+  };
+  class CudaMark;
+  std::shared_ptr<MarkPool> marks_ = std::make_shared<MarkPool>();
+
   // Pinned staging buffers per (device, size class); created on first use.
   StagingPool& Staging();
   std::unique_ptr<StagingPool> staging_;
@@ -76,6 +91,7 @@ inline Status FromGpu(const gpu::Status& s) { return s.As<Status>(); }
 // A framework stream as DLPack passes it (0: default, 1: legacy default, 2:
 // per-thread default, else a cudaStream_t) as the runtime's handle: CUDA's
 // cudaStreamLegacy is 0x1 and cudaStreamPerThread 0x2, so the value is the handle.
+constexpr uintptr_t kPerThreadDefaultStream = 2;
 inline cudaStream_t FrameworkStream(uintptr_t stream) {
   return reinterpret_cast<cudaStream_t>(stream);
 }

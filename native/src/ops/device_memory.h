@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "common/status.h"
 #include "common/types.h"
@@ -41,6 +42,14 @@ Scaling PreScaling(double prescale);
 // number of ranks (the transports reduce Average as Sum).
 Scaling PostScaling(DataType dt, ReduceOp op, double postscale, int size);
 
+// A point in a framework stream's work: what the stream had queued when a
+// device tensor was enqueued (its producer), captured on the caller's thread.
+// Only the memory that made it reads it.
+class ReadyMark {
+ public:
+  virtual ~ReadyMark() = default;
+};
+
 class DeviceMemory {
  public:
   virtual ~DeviceMemory() = default;
@@ -57,13 +66,24 @@ class DeviceMemory {
   // collective on d.
   virtual Status BatchedCopy(Device d, const CopyEntry* entries, int n, DataType dt,
                              const Scaling& s) = 0;
-  // Per-response stream hooks. stream is the framework's stream the tensor was
-  // produced on (DLPack's stream protocol; 0: the default stream).
-  // WaitForStream: the core's next work on d waits for what is queued on stream
-  // (an event recorded there, not a device-wide sync). SignalStream: work queued
-  // on stream later waits for the core's work on d so far (the outputs).
-  // Host memory has nothing to order.
-  virtual Status WaitForStream(Device d, uintptr_t stream) { return Status::OK(); }
+  // Stream hooks. stream is the framework's stream the tensor was produced on
+  // (DLPack's stream protocol; 0: the default stream). Host memory has nothing
+  // to order.
+  // MarkReady, at enqueue on the caller's thread (any thread may call it):
+  // captures what stream has queued now (an event recorded there). null *out:
+  // nothing captured.
+  // WaitForStream, per response: the core's next work on d waits for mark
+  // (MarkReady's, on stream), or without one for what stream has queued now;
+  // on the device, never a host wait. Later framework work is not waited for.
+  // SignalStream, per response: work queued on stream later waits for the
+  // core's work on d so far (the outputs).
+  virtual Status MarkReady(Device d, uintptr_t stream, std::shared_ptr<const ReadyMark>* out) {
+    out->reset();
+    return Status::OK();
+  }
+  virtual Status WaitForStream(Device d, uintptr_t stream, const ReadyMark* mark) {
+    return Status::OK();
+  }
   virtual Status SignalStream(Device d, uintptr_t stream) { return Status::OK(); }
 
   // Host memory for staging device d's tensors through a CPU transport. The

@@ -53,6 +53,10 @@ void Operations::AddBackend(int priority, std::unique_ptr<OpBackend> backend) {
 
 void Operations::AddDeviceMemory(std::unique_ptr<DeviceMemory> memory) {
   DeviceMemory* m = memory.get();
+  // Backends hold the memory they were registered with: it is never replaced.
+  if (memories_.count(m->type()))
+    throw Error(ErrorCode::kInvalidArgument, "a memory for " + DeviceName(Device{m->type(), 0}) +
+                                                 " tensors is registered already");
   memories_[m->type()] = std::shared_ptr<DeviceMemory>(std::move(memory));
   AddBackend(kPriorityStaged, std::make_unique<HostStagedBackend>(m, host_backend_));
 }
@@ -190,14 +194,32 @@ Status Operations::AllocateOutput(Device d, DataType dt, std::vector<int64_t> sh
   return Status::OK();
 }
 
+Status Operations::MarkReady(Device d, uintptr_t stream,
+                             std::shared_ptr<const ReadyMark>* out) const {
+  out->reset();
+  if (d.host()) return Status::OK();
+  DeviceMemory* m = MemoryFor(d);
+  return m ? m->MarkReady(d, stream, out) : Status::OK();
+}
+
 Status Operations::WaitInputs(DeviceMemory* m, Device d, const std::vector<Entry*>& entries) {
   if (d.host()) return Status::OK();
-  std::vector<uintptr_t> done;
+  // One wait per framework stream, for its entry enqueued last: marks on one
+  // stream were recorded in seq order, so that mark covers the others'.
+  std::vector<Entry*> last;
   for (Entry* e : entries) {
-    if (!e || std::find(done.begin(), done.end(), e->stream) != done.end()) continue;
-    done.push_back(e->stream);
-    SDL_RETURN_IF_ERROR(m->WaitForStream(d, e->stream));
+    if (!e) continue;
+    auto same = std::find_if(last.begin(), last.end(),
+                             [e](const Entry* l) { return l->stream == e->stream; });
+    if (same == last.end())
+      last.push_back(e);
+    else if (e->seq > (*same)->seq)
+      *same = e;
   }
+  for (Entry* e : last) SDL_RETURN_IF_ERROR(m->WaitForStream(d, e->stream, e->ready.get()));
+  // The core's stream holds the waits now: the marks can be recorded again.
+  for (Entry* e : entries)
+    if (e) e->ready.reset();
   return Status::OK();
 }
 

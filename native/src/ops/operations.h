@@ -12,8 +12,8 @@
 //  - pack/unpack with prescale/postscale (Average = Sum then divide) through
 //    DeviceMemory::BatchedCopy, the per-response stream hooks, and outputs the
 //    core allocates on the tensor's device.
-// Everything but CheckServable runs on the background thread only; backends
-// and memories are registered before that thread starts.
+// Everything but CheckServable and MarkReady runs on the background thread
+// only; backends and memories are registered before that thread starts.
 #pragma once
 
 #include <map>
@@ -51,6 +51,10 @@ class Operations {
   // device when no backend of this build can run req (called at enqueue, on
   // the caller's thread, so the refusal comes before any peer waits).
   void CheckServable(const Request& req) const;
+  // What stream has queued now on d (DeviceMemory::MarkReady): the point a
+  // device tensor's collective waits for. Null for host tensors. Any thread
+  // (the caller's, at enqueue).
+  Status MarkReady(Device d, uintptr_t stream, std::shared_ptr<const ReadyMark>* out) const;
   // Registered backends, in priority order (for logs and tests).
   std::vector<std::string> BackendNames() const;
 
