@@ -182,7 +182,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     """Starts reducing ``tensor`` over ``process_set``; the result is a new tensor.
 
     Args:
-        tensor: a CPU tensor; every member must pass the same shape and dtype
+        tensor: a CPU or CUDA tensor; every member must pass the same shape and dtype
             under the same ``name``.
         average: deprecated: True means ``op=Average``, False ``op=Sum``.
         name: identifies the operation across ranks (unnamed operations are

@@ -8,6 +8,7 @@ failure names the case, the rank and the values.
 """
 
 import os
+import time
 
 import torch
 
@@ -244,6 +245,40 @@ def stream_order():
     expected = float(sum(r + 1 + 2 for r in range(n)) * (1 << 22))
     if abs(total.item() - expected) > 1e-3 * expected:
         errors.append(f"stream order: sum {total.item()}, expected {expected}")
+    hvd.shutdown()
+    return errors
+
+
+def stream_overlap():
+    """The core waits for what the framework's stream had queued when the tensor was
+    enqueued, not for what the framework queues after (in a backward pass, the rest of
+    the backward): here the stream sleeps ~1 s after the enqueue, and the result, read on
+    a stream that waits for nothing, must be there well before the sleep ends."""
+    hvd.init()
+    dev, n, errors = _device(), hvd.size(), []
+    side, reader = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    x = torch.zeros(1024, device=dev)
+    seen = torch.empty_like(x)
+    torch.cuda.synchronize(dev)
+    with torch.cuda.stream(side):
+        x.fill_(float(hvd.rank() + 1))
+        # prescale 2: one rank's result differs from its input too
+        handle = hvd.allreduce_async_(x, op=hvd.Sum, prescale_factor=2.0, name="overlap")
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time queued after the enqueue
+    hvd.synchronize(handle)
+    time.sleep(0.3)
+    with torch.cuda.stream(reader):
+        seen.copy_(x)  # not ordered after `side`: reads x as it is now
+    reader.synchronize()
+    early = seen[0].item()
+    side.synchronize()
+    expected = 2.0 * sum(r + 1 for r in range(n))
+    if early != expected:
+        errors.append(f"stream overlap: 0.3 s after the handle completed x held {early}, "
+                      f"expected {expected}: the core waited for work queued after the "
+                      "enqueue")
+    if x[0].item() != expected:
+        errors.append(f"stream overlap: final x {x[0].item()}, expected {expected}")
     hvd.shutdown()
     return errors
 

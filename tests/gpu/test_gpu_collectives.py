@@ -45,6 +45,11 @@ def test_core_reads_after_the_frameworks_stream(ranks):
 
 
 @pytest.mark.parametrize("ranks", LAYOUTS)
+def test_core_does_not_wait_for_work_queued_after_the_enqueue(ranks):
+    run("stream_overlap", ranks)
+
+
+@pytest.mark.parametrize("ranks", LAYOUTS)
 def test_distributed_optimizer_on_cuda_matches_cpu(ranks):
     run("training_matches_cpu", ranks)
 
