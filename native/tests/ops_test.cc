@@ -392,6 +392,26 @@ TEST_F(Staging, IntegerAverageDividesExactly) {
   dev->Free(kGpu, x);
 }
 
+// The divisor is the rank count, which need not fit a narrow element type.
+TEST(HostScaling, IntegerDivisorWiderThanTheElementType) {
+  Scaling s;
+  s.divisor = 256;
+  uint8_t u[2] = {255, 0};
+  ApplyScaling(u, 2, DataType::kUInt8, s);  // was a division by (uint8_t)256 == 0
+  EXPECT_EQ(u[0], 0);
+  s.divisor = 128;
+  int8_t i[3] = {-128, 127, -127};
+  ApplyScaling(i, 3, DataType::kInt8, s);  // (int8_t)128 == -128 flipped the sign
+  EXPECT_EQ(i[0], -1);
+  EXPECT_EQ(i[1], 0);
+  EXPECT_EQ(i[2], 0);
+  s.divisor = 3;
+  int64_t w[2] = {-7, 7};
+  ApplyScaling(w, 2, DataType::kInt64, s);
+  EXPECT_EQ(w[0], -2);
+  EXPECT_EQ(w[1], 2);
+}
+
 TEST_F(Staging, AllgatherOutputLivesOnTheDevice) {
   float* x = dev->New<float>({1, 2, 3, 4});
   Entry e = MakeEntry("g", {2, 2}, kGpu, x, nullptr);

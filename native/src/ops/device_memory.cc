@@ -28,15 +28,20 @@ Scaling PostScaling(DataType dt, ReduceOp op, double postscale, int size) {
 void ApplyScaling(void* buf, size_t n, DataType dt, const Scaling& s) {
   if (s.divisor != 1) {
     switch (dt) {
-#define SDL_DIV(T)                                                                   \
-  for (size_t i = 0; i < n; ++i) static_cast<T*>(buf)[i] /= static_cast<T>(s.divisor); \
+// In 64 bits (W), as the CUDA kernel does: a divisor (the rank count) need not
+// fit the element type (uint8 over 256 ranks, int8 over 128).
+#define SDL_DIV(T, W)                                                                     \
+  for (size_t i = 0; i < n; ++i) {                                                        \
+    T& x = static_cast<T*>(buf)[i];                                                       \
+    x = static_cast<T>(static_cast<W>(x) / static_cast<W>(s.divisor));                    \
+  }                                                                                       \
   break;
-      case DataType::kUInt8: SDL_DIV(uint8_t)
-      case DataType::kInt8: SDL_DIV(int8_t)
-      case DataType::kInt16: SDL_DIV(int16_t)
-      case DataType::kInt32: SDL_DIV(int32_t)
-      case DataType::kInt64: SDL_DIV(int64_t)
-      case DataType::kUInt64: SDL_DIV(uint64_t)
+      case DataType::kUInt8: SDL_DIV(uint8_t, uint64_t)
+      case DataType::kInt8: SDL_DIV(int8_t, int64_t)
+      case DataType::kInt16: SDL_DIV(int16_t, int64_t)
+      case DataType::kInt32: SDL_DIV(int32_t, int64_t)
+      case DataType::kInt64: SDL_DIV(int64_t, int64_t)
+      case DataType::kUInt64: SDL_DIV(uint64_t, uint64_t)
 #undef SDL_DIV
       default: break;
     }
