@@ -77,6 +77,16 @@ Loaded* Load() {
       return l;
     }
     if (a.RuntimeGetVersion(&a.runtime_version) != cudaSuccess) a.runtime_version = 0;
+    // The driver the runtime uses (loaded already, or by the runtime's first call).
+    LibrarySearch driver;
+    driver.sonames = {"libcuda.so.1"};
+    std::string driver_error;
+    DynLib drv = OpenLibrary("the CUDA driver", driver, &driver_error);
+    if (drv.loaded()) {
+      a.DriverDeviceGet = reinterpret_cast<decltype(a.DriverDeviceGet)>(drv.Symbol("cuDeviceGet"));
+      a.DriverPrimaryCtxGetState = reinterpret_cast<decltype(a.DriverPrimaryCtxGetState)>(
+          drv.Symbol("cuDevicePrimaryCtxGetState"));
+    }
     l->ok = true;
     return l;
   }();
@@ -150,8 +160,19 @@ DeviceGuard::DeviceGuard(const CudaApi* api, int device) : api_(api) {
   if (status_.ok()) previous_ = current;
 }
 
+bool CudaApi::HasPrimaryContext(int device) const {
+  if (!DriverDeviceGet || !DriverPrimaryCtxGetState) return true;
+  int dev = 0;
+  unsigned int flags = 0;
+  int active = 0;
+  if (DriverDeviceGet(&dev, device) != 0) return true;
+  if (DriverPrimaryCtxGetState(dev, &flags, &active) != 0) return true;
+  return active != 0;
+}
+
 DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0) api_->SetDevice(previous_);
+  // Without a context there, the thread never used that device: leave this one.
+  if (previous_ >= 0 && api_->HasPrimaryContext(previous_)) api_->SetDevice(previous_);
 }
 
 }  // namespace gpu

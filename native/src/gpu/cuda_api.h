@@ -52,6 +52,17 @@ struct CudaApi {
   decltype(&::cudaLibraryLoadData) LibraryLoadData = nullptr;
   decltype(&::cudaLibraryGetKernel) LibraryGetKernel = nullptr;
 
+  // From the CUDA driver (libcuda.so.1), optional: whether a device's primary
+  // context is active, so DeviceGuard can tell a device a thread really used
+  // from the 0 that cudaGetDevice reports on a thread that never chose one.
+  // The driver's CUresult and CUdevice are plain integers (0: success).
+  int (*DriverDeviceGet)(int* device, int ordinal) = nullptr;            // cuDeviceGet
+  int (*DriverPrimaryCtxGetState)(int device, unsigned int* flags, int* active) = nullptr;
+
+  // Whether `device`'s primary context is active; true when the driver cannot
+  // say (the symbols are missing or the call fails).
+  bool HasPrimaryContext(int device) const;
+
   // "what failed: cudaErrorX (description)" for a failed call.
   std::string Describe(cudaError_t err, const char* what) const;
   // OK for cudaSuccess, else Status::Failure with Describe(). Clears the
@@ -79,7 +90,11 @@ const CudaAvailability& QueryCuda();
 
 // Makes `device` current for the scope and restores the previous one: the
 // background thread may serve tensors on several devices, and the framework's
-// threads must not see their current device changed.
+// threads must not see their current device changed. The previous device is
+// restored only when its primary context is active: on a thread that never
+// chose a device cudaGetDevice says 0, and setting 0 back would create a
+// context on GPU 0 (cudaSetDevice initializes it since CUDA 12) in every rank
+// of a host, hundreds of MiB each, and fail on exclusive-process GPUs.
 class DeviceGuard {
  public:
   DeviceGuard(const CudaApi* api, int device);
