@@ -20,10 +20,12 @@ namespace sdl {
 // Runs body(rank, runtime) on n runtimes, each built and destroyed on its own
 // thread (construction blocks until the peers meet). transport: "shm" (one
 // host) or "gloo" (a host identity per rank forces TCP over loopback).
-// configure, when given, adjusts each rank's config before its runtime starts.
+// configure, when given, adjusts each rank's config before its runtime starts;
+// options, each rank's options (options(rank, o)).
 inline void RunRanks(int n, const std::string& transport,
                      const std::function<void(int, Runtime&)>& body,
-                     const std::function<void(Config&)>& configure = {}) {
+                     const std::function<void(Config&)>& configure = {},
+                     const std::function<void(int, RuntimeOptions&)>& options = {}) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -36,6 +38,7 @@ inline void RunRanks(int n, const std::string& transport,
       o.config.start_timeout_s = 20;
       if (transport == "gloo") o.config.host_id = "host" + std::to_string(r);
       if (configure) configure(o.config);
+      if (options) options(r, o);
       Runtime rt(std::move(o));
       EXPECT_EQ(rt.TransportOf(0), transport);
       body(r, rt);

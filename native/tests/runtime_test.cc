@@ -167,6 +167,95 @@ TEST(DeviceStreams, TheCoreWaitsForWhatTheStreamHadQueuedAtEnqueue) {
   }
 }
 
+// A backend that serves nothing, whose health check fails on demand (as NCCL
+// reports a broken collective asynchronously), and which records its aborts.
+class FailingBackend : public OpBackend {
+ public:
+  const char* name() const override { return "failing"; }
+  const char* key() const override { return "failing"; }
+  bool Enabled(const Response&, Device) const override { return false; }
+  Status Allreduce(const OpContext&, const void*, void*, size_t, DataType, ReduceOp) override {
+    return Status::OK();
+  }
+  Status Allgatherv(const OpContext&, const void*, void*, const std::vector<size_t>&) override {
+    return Status::OK();
+  }
+  Status Broadcast(const OpContext&, void*, size_t, int) override { return Status::OK(); }
+  Status Alltoallv(const OpContext&, const void*, void*, const std::vector<size_t>&) override {
+    return Status::OK();
+  }
+  Status Reducescatter(const OpContext&, const void*, void*, const std::vector<size_t>&,
+                       DataType, ReduceOp) override {
+    return Status::OK();
+  }
+  Status Poll() override {
+    if (fail.load()) return Status::Fail(ErrorCode::kPeerFailure, "device link broke (fake)");
+    return Status::OK();
+  }
+  void Abort(const std::string& why) override {
+    std::lock_guard<std::mutex> lk(mu);
+    aborts.push_back(why);
+  }
+  std::atomic<bool> fail{false};
+  std::mutex mu;
+  std::vector<std::string> aborts;
+};
+
+// After a failure the runtime aborts its device backends (NCCL's communicators
+// would otherwise be finalized, which waits for peers that are gone); a clean
+// shutdown does not.
+TEST_P(Threads, AFailedRuntimeAbortsItsDeviceBackends) {
+  FailingBackend* backends[2] = {nullptr, nullptr};
+  RunRanks(
+      2, GetParam(),
+      [&](int rank, Runtime& rt) {
+        float x[1] = {1};
+        Result ok = WaitFor(rt, rt.Enqueue(0, Req(OpType::kAllreduce, "before", {1}), x, x));
+        EXPECT_EQ(ok.code, ErrorCode::kOk) << ok.message;
+        if (rank == 1) backends[1]->fail = true;
+        // Both ranks fail: rank 1 on its own check, rank 0 through the peer's end.
+        Result res = WaitFor(rt, rt.Enqueue(0, Req(OpType::kAllreduce, "after", {1}), x, x));
+        EXPECT_NE(res.code, ErrorCode::kOk) << "rank " << rank;
+        if (rank == 1)
+          EXPECT_NE(res.message.find("device link broke (fake)"), std::string::npos) << res.message;
+        rt.Shutdown();
+        std::lock_guard<std::mutex> lk(backends[rank]->mu);
+        ASSERT_EQ(backends[rank]->aborts.size(), 1u) << "rank " << rank;
+        if (rank == 1)
+          EXPECT_NE(backends[1]->aborts[0].find("device link broke"), std::string::npos);
+      },
+      {},
+      [&](int rank, RuntimeOptions& o) {
+        o.add_ops = [&backends, rank](Operations& ops) {
+          auto b = std::make_unique<FailingBackend>();
+          backends[rank] = b.get();
+          ops.AddBackend(kPriorityDevice, std::move(b));
+        };
+      });
+}
+
+TEST_P(Threads, ACleanShutdownAbortsNothing) {
+  FailingBackend* backends[2] = {nullptr, nullptr};
+  RunRanks(
+      2, GetParam(),
+      [&](int rank, Runtime& rt) {
+        float x[1] = {1};
+        Result ok = WaitFor(rt, rt.Enqueue(0, Req(OpType::kAllreduce, "x", {1}), x, x));
+        EXPECT_EQ(ok.code, ErrorCode::kOk) << ok.message;
+        rt.Shutdown();
+        std::lock_guard<std::mutex> lk(backends[rank]->mu);
+        EXPECT_TRUE(backends[rank]->aborts.empty()) << "rank " << rank;
+      },
+      {},
+      [&](int rank, RuntimeOptions& o) {
+        o.add_ops = [&backends, rank](Operations& ops) {
+          auto b = std::make_unique<FailingBackend>();
+          backends[rank] = b.get();
+          ops.AddBackend(kPriorityDevice, std::move(b));
+        };
+      });
+}
+
 TEST_P(Threads, CollectiveAfterAPeerShutDownNamesThatPeer) {
   std::atomic<bool> enqueued{false};
   RunRanks(2, GetParam(), [&](int rank, Runtime& rt) {

@@ -294,7 +294,9 @@ void Runtime::Loop() {
     for (auto& [id, ps] : staged_) sets.push_back(ps);
   }
   // Closing the communicators makes peers blocked on us fail at once instead
-  // of waiting for their timeout.
+  // of waiting for their timeout; after a failure the device backends' too
+  // (NCCL's are aborted: a finalize would wait for peers that are gone).
+  if (failed_.load()) ops_.Abort(message);
   for (auto& ps : sets) ps->comm.reset();
   // Pending and newly enqueued operations fail naming themselves (and, when
   // peers shut down first, those peers); anything left (join) gets the plain message.

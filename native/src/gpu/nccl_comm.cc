@@ -150,18 +150,24 @@ Status NcclCommunicator::Finish(ncclResult_t r, const char* what) {
   if (r == ncclInProgress) {
     bool timed_out = false;
     r = PollAsync(nccl_, comm_, Deadline(options_.timeout_s), &timed_out);
-    if (timed_out) {
-      Abort(std::string(what) + " did not complete within " +
-            std::to_string(options_.timeout_s) + " s");
-      return failure_;
-    }
+    if (timed_out)
+      return Fail(std::string(what) + " did not complete within " +
+                  std::to_string(options_.timeout_s) + " s");
   }
   if (r == ncclSuccess) return Status::OK();
   std::string msg = nccl_->Describe(r, what, comm_) + " (rank " + std::to_string(rank_) +
                     " of " + std::to_string(size_) + ", device " + std::to_string(device_) +
                     ")";
   if (r == ncclInvalidArgument || r == ncclInvalidUsage) return Status::Invalid(msg);
-  Abort(msg);  // NCCL's communicator is unusable after a system or remote error
+  return Fail(msg);  // NCCL's communicator is unusable after a system or remote error
+}
+
+Status NcclCommunicator::Fail(const std::string& msg) {
+  if (group_depth_ > 0) {
+    if (failed_in_group_.empty()) failed_in_group_ = msg;
+    return Status::Failure(msg);
+  }
+  Abort(msg);
   return failure_;
 }
 
@@ -331,7 +337,14 @@ Status NcclCommunicator::GroupEnd() {
   // Always end the group NCCL opened, even after a failure inside it, so the
   // thread's group state does not leak into the next operation.
   DeviceGuard guard(cuda_, device_);
-  return Finish(nccl_->GroupEnd(), "ncclGroupEnd");
+  Status end = Finish(nccl_->GroupEnd(), "ncclGroupEnd");
+  if (group_depth_ == 0 && !failed_in_group_.empty()) {
+    std::string why;
+    why.swap(failed_in_group_);
+    Abort(why);  // no-op when the group's end failed (and aborted) too
+    if (end.ok()) end = failure_;
+  }
+  return end;
 }
 
 Status NcclCommunicator::CheckAsyncError() {

@@ -112,6 +112,10 @@ class NcclCommunicator {
   // Turns a call's result into a Status: waits (bounded) while a non-blocking
   // call is in progress; on error marks the communicator failed.
   Status Finish(ncclResult_t r, const char* what);
+  // Marks the communicator failed with msg and aborts it; inside an open group
+  // the abort waits for the group's end (GroupEnd), since ncclGroupEnd must
+  // not meet a communicator that was aborted (and freed) inside the group.
+  Status Fail(const std::string& msg);
   Status Usable() const;
 
   const NcclApi* nccl_ = nullptr;
@@ -123,6 +127,7 @@ class NcclCommunicator {
   Event stream_event_;  // for WaitForStream
   Status failure_;
   int group_depth_ = 0;
+  std::string failed_in_group_;  // a failure inside the open group, aborted at its end
 };
 
 // The communicators of one runtime, by (process set id, device). Thread-safe.

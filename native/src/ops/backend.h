@@ -93,6 +93,10 @@ class OpBackend {
   // ends the runtime like a transport failure: every in-flight and later
   // handle fails with the message.
   virtual Status Poll() { return Status::OK(); }
+  // The runtime failed (a peer or a transport): end what the backend may still
+  // wait on, so that neither this rank's teardown nor its peers block on it
+  // (NCCL: abort the communicators instead of finalizing them). Background thread.
+  virtual void Abort(const std::string& why) {}
 
   // Counter key of this backend (counters()["backend.<key>"]: responses it ran).
   virtual const char* key() const = 0;

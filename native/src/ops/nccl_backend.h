@@ -93,6 +93,7 @@ class NcclBackend : public OpBackend {
                        const std::vector<size_t>& counts, DataType dt, ReduceOp op) override;
   void ReleaseSet(int32_t ps_id) override;
   Status Poll() override;
+  void Abort(const std::string& why) override { AbortAll(why); }
 
  private:
   std::atomic<int64_t> hierarchical_runs_{0};

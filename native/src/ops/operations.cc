@@ -40,9 +40,11 @@ Operations::Operations() {
 }
 
 Operations::~Operations() {
-  for (auto& [key, buf] : fusion_) MemoryFor(std::get<0>(key))->Free(std::get<0>(key), buf.data);
-  // Backends before the memories: the staged ones return their staging buffers.
+  // Backends first: the staged ones return their staging buffers to the
+  // memories, and NCCL's communicators end before the fusion buffers go
+  // (cudaFree waits for the device, which a collective might still occupy).
   backends_.clear();
+  for (auto& [key, buf] : fusion_) MemoryFor(std::get<0>(key))->Free(std::get<0>(key), buf.data);
 }
 
 void Operations::AddBackend(int priority, std::unique_ptr<OpBackend> backend) {
@@ -155,6 +157,10 @@ std::map<std::string, int64_t> Operations::Counters() const {
 Status Operations::Poll() {
   for (Registered& b : backends_) SDL_RETURN_IF_ERROR(b.backend->Poll());
   return Status::OK();
+}
+
+void Operations::Abort(const std::string& why) {
+  for (Registered& b : backends_) b.backend->Abort(why);
 }
 
 void Operations::ReleaseSet(int32_t ps_id) {

@@ -70,6 +70,8 @@ class Operations {
 
   // Every backend's Poll (OpBackend::Poll); the first failure. Background thread.
   Status Poll();
+  // Every backend's Abort (OpBackend::Abort): the runtime failed. Background thread.
+  void Abort(const std::string& why);
   // "backend.<key>": responses each backend ran (a fused allreduce counts once),
   // plus the backends' own counters. Any thread.
   std::map<std::string, int64_t> Counters() const;
