@@ -25,7 +25,9 @@
 # with a build of a few minutes they add up to under 10 minutes.
 # Settings (environment): PYTHON (default python3), SDL_GPU_CHECK_OUT (logs; default
 # build/gpu-check), SDL_CMAKE_ARGS (extra CMake arguments), SDL_GPU_CHECK_TESTS (pytest
-# selection; default tests/gpu tests/unit/test_gpu_*.py), SDL_GPU_CHECK_ALLOW_NO_NCCL=1 (a
+# selection; default tests/gpu tests/unit/test_gpu_*.py), SDL_GPU_CHECK_TESTS_TIMEOUT (the
+# tests stage's limit in seconds, default 300; at the limit pytest is interrupted and its
+# report lists what ran), SDL_GPU_CHECK_ALLOW_NO_NCCL=1 (a
 # build or machine without NCCL passes: host staging only), SDL_GPU_PYTHON (--fetch-deps:
 # the GPU machine's Python version, default 3.12), SDL_CUDA_ARCH (e.g. 90; default: this
 # GPU's compute capability).
@@ -242,8 +244,11 @@ else
     say "tests (log: $OUTDIR/tests.log)"
     STAGE_START=$SECONDS
     rm -f "$OUTDIR/tests.xml"
+    # SIGINT at the limit: pytest stops like on Ctrl-C and still writes its report, so the
+    # tests that ran are listed (then SIGKILL if it does not end within 20 s).
     # shellcheck disable=SC2086
-    timeout 300 "$VPY" -m pytest ${SDL_GPU_CHECK_TESTS:-tests/gpu tests/unit/test_gpu_devices.py \
+    timeout --signal=INT --kill-after=20 "${SDL_GPU_CHECK_TESTS_TIMEOUT:-300}" \
+        "$VPY" -m pytest ${SDL_GPU_CHECK_TESTS:-tests/gpu tests/unit/test_gpu_devices.py \
         tests/unit/test_gpu_torch.py tests/unit/test_gpu_discovery.py \
         tests/unit/test_gpu_ops_choice.py tests/unit/test_gpu_keras_lightning.py} -v -rs \
         -p no:cacheprovider --junitxml="$OUTDIR/tests.xml" 2>&1 | tee "$OUTDIR/tests.log"
