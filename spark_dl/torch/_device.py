@@ -3,12 +3,11 @@
 CPU tensors go to the core as they are (the core reads them through ``__dlpack__``).
 A CUDA tensor goes the same way, ``__dlpack__()`` without a stream (so PyTorch adds no
 synchronization of its own), and :func:`stream_of` gives the core the number of PyTorch's
-current stream on its device (``spark_dl.common.ops.submit`` asks it for every tensor): the
-core records an event on that stream and its streams wait on that event before reading (no
-device-wide synchronize), and the stream waits for the core's result before its later work.
-Results come back as DLPack capsules on the tensor's device and are wrapped with
-``torch.from_dlpack`` without a copy. :func:`export_cuda` (a capsule taken on the current
-stream) is the form for callers that hand over a capsule instead of the tensor.
+current stream on its device (``spark_dl.common.ops.submit`` asks it for every tensor): at
+enqueue the core records an event on that stream, and its streams wait on that event before
+reading (no device-wide synchronize, no wait for work queued after the enqueue); the stream
+waits for the core's result before its later work. Results come back as DLPack capsules on
+the tensor's device and are wrapped with ``torch.from_dlpack`` without a copy.
 
 Until the core reports that it takes CUDA tensors (:func:`core_cuda_support`), a CUDA
 tensor is refused here with one error naming the tensor, its device and what to do.
@@ -29,7 +28,7 @@ from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 
 __all__ = ["core_cuda_support", "device_error", "check_device", "device_scope",
-           "dlpack_stream", "export_cuda", "stream_of"]
+           "dlpack_stream", "stream_of"]
 
 # The core's run-time answer to "can you take CUDA tensors now" (CUDA and NCCL loaded, a
 # device present). The native side names it; until it exists, build_info()["cuda"] alone
@@ -86,18 +85,6 @@ def dlpack_stream(device: torch.device) -> int:
     """The DLPack stream number of PyTorch's current stream on CUDA ``device``."""
     handle = torch.cuda.current_stream(device).cuda_stream
     return 1 if handle == 0 else handle  # the legacy default stream is 1 in DLPack
-
-
-def export_cuda(tensor: torch.Tensor):
-    """(DLPack capsule of CUDA ``tensor``, the stream number it is valid on).
-
-    The capsule is taken on the current stream, so PyTorch inserts no wait; the core must
-    order its reads after that stream's pending work (event record + wait), and must not
-    use the memory after the handle completes unless the caller keeps ``tensor`` alive.
-    """
-    stream = dlpack_stream(tensor.device)
-    with torch.cuda.device(tensor.device):  # torch exports only from the current device
-        return tensor.__dlpack__(stream=stream), stream
 
 
 def stream_of(tensor) -> int:
