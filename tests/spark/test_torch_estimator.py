@@ -496,13 +496,44 @@ def test_old_checkpoints_counted_from_zero_still_resume():
     buf = io.BytesIO()
     torch.save({"format": 1, "epoch": 1, "model": model.state_dict(),
                 "optimizer": opt.state_dict(), "history": {"epoch": [1, 2]}}, buf)
-    worker = types.SimpleNamespace(model=mlp(), optimizer=opt, lr_factor=1.0)
+    worker = types.SimpleNamespace(model=mlp(), opt=opt, lr_factor=1.0)
     epoch, history = TorchWorker.load_checkpoint(worker, buf.getvalue())
     assert epoch == 2 and history == {"epoch": [1, 2]}
     buf = io.BytesIO()
     torch.save({"format": 9, "epoch": 1}, buf)
     with pytest.raises(ValueError, match="format 9; this spark_dl reads formats 1 to 2"):
         TorchWorker.load_checkpoint(worker, buf.getvalue())
+
+
+def test_a_checkpoint_loads_into_the_optimizer_that_trains():
+    """The optimizer state and learning rate of a checkpoint reach the DistributedOptimizer
+    (load_state_dict replaces the state it shared with the wrapped optimizer)."""
+    import types
+
+    import spark_dl.torch as sdl
+    from spark_dl.spark.torch.adapter import TorchWorker
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    buf = io.BytesIO()
+    torch.save({"format": 2, "epoch": 3, "model": model.state_dict(),
+                "optimizer": opt.state_dict(), "history": {}}, buf)
+    fresh = mlp()
+    base = torch.optim.SGD(fresh.parameters(), lr=0.5, momentum=0.9)
+    sdl.init()
+    try:
+        wrapped = sdl.DistributedOptimizer(base, named_parameters=fresh.named_parameters())
+        worker = types.SimpleNamespace(model=fresh, opt=wrapped, lr_factor=2.0)
+        assert TorchWorker.load_checkpoint(worker, buf.getvalue())[0] == 3
+        assert len(wrapped.state) == len(list(fresh.parameters()))
+        for p, q in zip(fresh.parameters(), model.parameters()):
+            assert torch.equal(wrapped.state[p]["momentum_buffer"],
+                               opt.state[q]["momentum_buffer"])
+        assert wrapped.param_groups[0]["lr"] == pytest.approx(0.2)  # the saved rate, scaled
+    finally:
+        sdl.shutdown()
 
 
 def test_positional_arguments_are_refused():

@@ -176,8 +176,10 @@ class TorchWorker(WorkerAdapter):
                              f"{CHECKPOINT_FORMAT}")
         try:
             self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-            _scale_lr(self.optimizer.param_groups, self.lr_factor)
+            # Into the DistributedOptimizer, which trains: load_state_dict replaces the
+            # state and param_groups objects, which the wrapped optimizer only shared.
+            self.opt.load_state_dict(ckpt["optimizer"])
+            _scale_lr(self.opt.param_groups, self.lr_factor)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ValueError(f"it does not fit this model/optimizer ({e})") from None
         return int(ckpt["epoch"]) + (1 if fmt == 1 else 0), ckpt.get("history")
