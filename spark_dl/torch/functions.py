@@ -62,7 +62,7 @@ def _split_tensors(obj, tensors):
     """``obj`` with every tensor replaced by its index in ``tensors`` (appended to it)."""
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
-        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype)
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type)
     return _map_children(obj, lambda v: _split_tensors(v, tensors))
 
 
@@ -87,18 +87,19 @@ def _map_children(obj, fn):
 
 
 class _TensorSlot:
-    """Where a tensor sat in a broadcast structure: its index, shape and dtype."""
+    """Where a tensor sat in a broadcast structure: its index, shape, dtype and kind of
+    device ("cpu", "cuda": each rank receives on its own device of that kind)."""
 
-    __slots__ = ("index", "shape", "dtype")
+    __slots__ = ("index", "shape", "dtype", "device")
 
-    def __init__(self, index, shape, dtype):
-        self.index, self.shape, self.dtype = index, shape, dtype
+    def __init__(self, index, shape, dtype, device="cpu"):
+        self.index, self.shape, self.dtype, self.device = index, shape, dtype, device
 
     def __getstate__(self):
-        return (self.index, self.shape, self.dtype)
+        return (self.index, self.shape, self.dtype, self.device)
 
     def __setstate__(self, state):
-        self.index, self.shape, self.dtype = state
+        self.index, self.shape, self.dtype, self.device = state
 
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=global_process_set):
@@ -142,13 +143,31 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
     if not is_root:
         tensors = []
         _collect_slots(skeleton, tensors)
-        tensors = [torch.empty(slot.shape, dtype=slot.dtype) for slot in tensors]
+        # On the root's kind of device (Adam's moments sit with CUDA parameters, a
+        # non-capturable step on the CPU): CUDA on this rank's parameters' GPU.
+        cuda = _cuda_device_of(optimizer)
+        tensors = [torch.empty(slot.shape, dtype=slot.dtype,
+                               device=cuda if slot.device == "cuda" else "cpu")
+                   for slot in tensors]
     handles = [broadcast_async_(t, root_rank, f"broadcast_optimizer_state.{i}", process_set)
                for i, t in enumerate(tensors)]
     for h in handles:
         synchronize(h)
     if not is_root:
         optimizer.load_state_dict(_join_tensors(skeleton, tensors))
+
+
+def _cuda_device_of(optimizer):
+    """The GPU of the optimizer's first CUDA parameter, else the current CUDA device, else
+    None (a rank without CUDA: a CUDA slot of the root then fails in the core, naming the
+    devices)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.is_cuda:
+                return p.device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
 
 
 def _collect_slots(obj, out):

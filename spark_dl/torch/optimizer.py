@@ -170,8 +170,9 @@ class _DistributedOptimizer:
             else:
                 sparse_dim, dense_dim = layout
                 p.grad = torch.sparse_coo_tensor(
-                    torch.empty((sparse_dim, 0), dtype=torch.int64),
-                    torch.empty((0,) + tuple(p.shape[sparse_dim:]), dtype=p.dtype), p.shape)
+                    torch.empty((sparse_dim, 0), dtype=torch.int64, device=p.device),
+                    torch.empty((0,) + tuple(p.shape[sparse_dim:]), dtype=p.dtype,
+                                device=p.device), p.shape)
         elif p.grad.layout == torch.sparse_coo:
             self._sparse_layout[p] = (p.grad.sparse_dim(), p.grad.dense_dim())
             if self._sparse_as_dense:

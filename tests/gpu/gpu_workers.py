@@ -333,6 +333,49 @@ def training_matches_cpu():
     return errors
 
 
+def optimizer_state_on_cuda():
+    """broadcast_optimizer_state of Adam on CUDA parameters: every rank receives the moments
+    on its GPU and the step counter where torch keeps it (the CPU unless capturable), equal
+    to the root's; an unused sparse embedding gets its empty gradient on its GPU."""
+    hvd.init()
+    dev, me, errors = _device(), hvd.rank(), []
+    torch.manual_seed(me)
+    model = torch.nn.Linear(4, 3).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    if me == 0:  # only the root has stepped
+        model(torch.randn(5, 4, device=dev)).sum().backward()
+        opt.step()
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for i, p in enumerate(model.parameters()):
+        st = opt.state[p]
+        for key in ("exp_avg", "exp_avg_sq"):
+            if st[key].device != p.device:
+                errors.append(f"param {i} {key} on {st[key].device}, expected {p.device}")
+        every = hvd.allgather_object([st["exp_avg"].cpu().tolist(), float(st["step"])],
+                                     name=f"adam.{i}")
+        if any(e != every[0] for e in every):
+            errors.append(f"param {i}: ranks hold different Adam state after the broadcast")
+    emb = torch.nn.Embedding(10, 3, sparse=True).to(dev)
+    lin = torch.nn.Linear(3, 1).to(dev)
+    params = list(emb.named_parameters(prefix="emb")) + list(lin.named_parameters(prefix="lin"))
+    sopt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in params], lr=0.1),
+                                    named_parameters=params)
+    for step in range(2):  # step 1: the embedding is unused on every rank but 0
+        sopt.zero_grad()
+        x = torch.randn(2, 3, device=dev)
+        out = lin(x).sum()
+        if step == 0 or me == 0:
+            out = out + emb(torch.tensor([1, 2], device=dev)).sum()
+        out.backward()
+        try:
+            sopt.step()
+        except Exception as e:  # noqa: BLE001 - reported with the step
+            errors.append(f"sparse step {step}: {type(e).__name__}: {e}")
+            break
+    hvd.shutdown()
+    return errors
+
+
 def sync_batch_norm_matches():
     """SyncBatchNorm on CUDA normalizes with the statistics of every rank's batch."""
     hvd.init()

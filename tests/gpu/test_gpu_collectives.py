@@ -55,5 +55,10 @@ def test_distributed_optimizer_on_cuda_matches_cpu(ranks):
 
 
 @pytest.mark.parametrize("ranks", LAYOUTS)
+def test_optimizer_state_and_sparse_gradients_on_cuda(ranks):
+    run("optimizer_state_on_cuda", ranks)
+
+
+@pytest.mark.parametrize("ranks", LAYOUTS)
 def test_sync_batch_norm_on_cuda(ranks):
     run("sync_batch_norm_matches", ranks)
