@@ -172,6 +172,20 @@ def test_predictor_on_the_driver_stays_on_the_cpu():
     assert pickle.loads(pickle.dumps(p)).on_executor is False  # a copy is for a new process
 
 
+def test_predictor_of_a_bfloat16_model_returns_float32():
+    """NumPy has no bfloat16: a bf16 model's outputs come back as float32 (exactly)."""
+    from spark_dl.spark.torch.adapter import TorchPredictor
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2).to(torch.bfloat16)
+    p = TorchPredictor(model, ["x"], [[-1, 3]], 4, use_gpu=False)
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    out = p.predict({"x": x})[0]
+    assert out.dtype == np.float32 and out.shape == (5, 2)
+    expected = model(torch.from_numpy(x).to(torch.bfloat16)).float().detach().numpy()
+    np.testing.assert_array_equal(out, expected)
+
+
 @no_cuda
 def test_predictor_on_a_cpu_executor(monkeypatch):
     pyspark = pytest.importorskip("pyspark")

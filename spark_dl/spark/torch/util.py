@@ -40,6 +40,13 @@ def numpy_dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A model output as a NumPy array on the host; bfloat16, which NumPy lacks, as float32
+    (exact)."""
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
 def default_input_shapes(feature_cols: Sequence[str], columns: Mapping[str, dict]) -> List[list]:
     """``[-1, 1]`` for scalar columns, ``[-1, *shape]`` otherwise."""
     return [[-1] + (list(columns[c]["shape"]) or [1]) for c in feature_cols]
@@ -301,5 +308,5 @@ def predict(model: torch.nn.Module, arrays: Dict[str, np.ndarray], feature_cols:
             if not parts:
                 parts = [[] for _ in outputs]
             for i, out in enumerate(outputs):
-                parts[i].append(out.detach().cpu().numpy())
+                parts[i].append(host_array(out))
     return [np.concatenate(p) if len(p) > 1 else p[0] for p in parts]
