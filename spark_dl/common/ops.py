@@ -184,16 +184,22 @@ _stream_of = None
 _device_scope = None
 
 
-def set_stream_provider(fn, scope=None):
+# ``order(tensor, stream)`` when a device tensor's handle completes, or None.
+_order_after = None
+
+
+def set_stream_provider(fn, scope=None, order=None):
     """``fn(tensor) -> int``: the DLPack stream number the core must order its reads after
-    for ``tensor`` (0 for host tensors). The core records an event there when the
-    operation runs, waits for it before reading, and makes that stream wait for the
-    result (no device-wide synchronize). ``scope(tensor)``:
-    a context manager to enter around the enqueue (e.g. that makes the tensor's device
-    current), or None when none is needed."""
-    global _stream_of, _device_scope
+    for ``tensor`` (0 for host tensors). The core records an event there at enqueue,
+    waits for it before reading, and makes that stream wait for the result (no
+    device-wide synchronize). ``scope(tensor)``: a context manager to enter around the
+    enqueue (e.g. that makes the tensor's device current), or None when none is needed.
+    ``order(tensor, stream)``: called on the thread that takes the result, before it is
+    built, to order the stream current there after ``stream`` when they differ."""
+    global _stream_of, _device_scope, _order_after
     _stream_of = fn
     _device_scope = scope
+    _order_after = order
 
 
 def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set=None,
@@ -230,7 +236,20 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
                                 bool(core_output), int(stream))
     except _core.CoreError as e:
         raise_from_core(e)
-    return Handle(hid, (tensor, output, keep), finish or (lambda outputs, ints: None), name=name)
+    finish = finish or (lambda outputs, ints: None)
+    if stream and _order_after is not None:
+        finish = _ordered(finish, source, stream)
+    return Handle(hid, (tensor, output, keep), finish, name=name)
+
+
+def _ordered(finish, source, stream):
+    """``finish`` after the current stream of ``source``'s device is ordered after the
+    stream the core signalled (a gradient hook enqueues on autograd's stream, the
+    optimizer step reads the gradient on the caller's)."""
+    def run(outputs, ints):
+        _order_after(source, stream)
+        return finish(outputs, ints)
+    return run
 
 
 def submit_many(kind, names, in_addrs, out_addrs, shapes, dtypes, *, keep, finish,

@@ -28,7 +28,7 @@ from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 
 __all__ = ["core_cuda_support", "device_error", "check_device", "device_scope",
-           "dlpack_stream", "stream_of"]
+           "dlpack_stream", "order_after", "stream_of"]
 
 # The core's run-time answer to "can you take CUDA tensors now" (CUDA and NCCL loaded, a
 # device present). The native side names it; until it exists, build_info()["cuda"] alone
@@ -36,8 +36,15 @@ __all__ = ["core_cuda_support", "device_error", "check_device", "device_scope",
 _RUNTIME_QUERY = "cuda_usable"
 
 
+_CUDA_SUPPORTED = False  # once the core said yes: a process's CUDA devices do not change
+
+
 def core_cuda_support() -> Tuple[bool, str]:
-    """(whether the core takes CUDA tensors, why not when it does not)."""
+    """(whether the core takes CUDA tensors, why not when it does not). Asked for every CUDA
+    tensor a collective takes, so a yes is remembered."""
+    global _CUDA_SUPPORTED
+    if _CUDA_SUPPORTED:
+        return True, ""
     info = _core.build_info()
     if not info.get("cuda"):
         return False, ("this spark_dl build has no CUDA support (it was built without the "
@@ -47,6 +54,7 @@ def core_cuda_support() -> Tuple[bool, str]:
         return False, ("this spark_dl core was built with CUDA but does not accept CUDA "
                        "tensors yet")
     if query():
+        _CUDA_SUPPORTED = True
         return True, ""
     return False, ("the core cannot use CUDA on this host (no driver or device, or "
                    "libcudart/libnccl not found)")
@@ -96,6 +104,22 @@ def stream_of(tensor) -> int:
     return 0
 
 
+def order_after(tensor, stream: int) -> None:
+    """Makes PyTorch's current stream on ``tensor``'s device wait for DLPack stream number
+    ``stream`` (the one the tensor was enqueued from, which the core made wait for the
+    result) when they differ: the result may be read on another stream than it was
+    produced on (gradient hooks run on autograd's device thread, ``step()`` on the
+    caller's). Nothing to do for the per-thread default stream (2): the core finished
+    such work on the host before the handle completed."""
+    if stream == 2 or dlpack_stream(tensor.device) == stream:
+        return
+    if stream == 1:
+        source = torch.cuda.default_stream(tensor.device)
+    else:
+        source = torch.cuda.ExternalStream(stream, device=tensor.device)
+    torch.cuda.current_stream(tensor.device).wait_stream(source)
+
+
 def device_scope(tensor):
     """Makes a CUDA tensor's device current while the core takes it, when another device
     is: PyTorch's ``__dlpack__`` refuses to export a tensor that is not on the current
@@ -107,4 +131,4 @@ def device_scope(tensor):
     return None
 
 
-_ops.set_stream_provider(stream_of, device_scope)
+_ops.set_stream_provider(stream_of, device_scope, order_after)

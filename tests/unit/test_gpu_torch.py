@@ -304,3 +304,44 @@ def test_out_of_place_device_allreduce_writes_a_result_torch_allocated():
         assert src.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     finally:
         hvd.shutdown()
+
+
+# ----------------------------------------------------------------------------- stream order
+
+def test_a_result_is_ordered_after_its_stream_on_the_thread_that_takes_it(monkeypatch):
+    """A device tensor's handle, when it completes, first orders the current stream after
+    the one the tensor was enqueued from (which the core made wait for the result): a
+    gradient hook enqueues on autograd's stream, step() reads on the caller's. Checked with
+    a fake stream number on a CPU tensor (the core orders nothing for host memory)."""
+    from spark_dl.common import ops
+
+    calls = []
+
+    def order(tensor, stream):
+        calls.append((tensor, stream, len(built)))
+
+    built = []
+    monkeypatch.setattr(ops, "_stream_of", lambda t: 7)
+    monkeypatch.setattr(ops, "_device_scope", None)
+    monkeypatch.setattr(ops, "_order_after", order)
+    hvd.init()
+    try:
+        x = torch.ones(3)
+        h = ops.submit("allreduce", "ordered", x, x, finish=lambda o, i: built.append(1) or x)
+        assert not calls, "ordered at enqueue"
+        assert torch.equal(hvd.synchronize(h), torch.ones(3))
+        assert calls == [(x, 7, 0)], "ordered once, before the result was built"
+    finally:
+        hvd.shutdown()
+
+
+def test_order_after_is_a_no_op_on_the_same_stream_and_for_per_thread_streams():
+    if not torch.cuda.is_available():
+        # Without CUDA only the early exits can run: the per-thread stream needs no order.
+        _device.order_after(torch.empty(0, device="meta"), 2)
+        return
+    t = torch.zeros(1, device="cuda")
+    _device.order_after(t, _device.dlpack_stream(t.device))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        _device.order_after(t, 1)  # the side stream now waits for the default stream
