@@ -1,7 +1,7 @@
 """SyncBatchNorm: batch normalization with statistics over every rank's batch.
 
 In training, each rank computes its batch's per-channel count, mean and sum
-of squared deviations; one allgather combines them (the parallel-variance
+of squared deviations; one gather (an allreduce of a row per rank) combines them (the parallel-variance
 formula, stable where E[x^2] - E[x]^2 is not) into the statistics of the
 union of all ranks' batches. The backward pass needs two per-channel sums over
 that union, obtained with one allreduce. Weight and bias gradients stay local,
@@ -16,7 +16,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from spark_dl.common.handles import synchronize
 from spark_dl.common.ops import Sum, set_size
 from spark_dl.common.process_sets import global_process_set
-from spark_dl.torch._async_ops import allgather_async, allreduce_async
+from spark_dl.torch._async_ops import allreduce_async, allreduce_async_
 
 __all__ = ["SyncBatchNorm"]
 
@@ -92,7 +92,13 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         else:
             mean = m2 = xs.new_zeros(channels)
         local = torch.cat([xs.new_tensor([float(count)]), mean, m2]).to(torch.float64)
-        every = synchronize(allgather_async(local.unsqueeze(0), process_set=process_set))
+        # Gathered by one Sum allreduce of a row per member, each filling its own (exact:
+        # the other rows add zeros), into memory PyTorch allocates: an allgather's result
+        # would be a core allocation on the GPU, whose cudaFree synchronizes the device,
+        # once per layer and step.
+        every = local.new_zeros((set_size(process_set), local.numel()))
+        every[process_set.rank()] = local
+        every = synchronize(allreduce_async_(every, op=Sum, process_set=process_set))
         counts = every[:, :1]
         total = float(counts.sum())
         if total <= 1:
