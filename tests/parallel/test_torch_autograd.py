@@ -18,7 +18,7 @@ CASES = [
     # on a process set of non-contiguous global ranks ({0, 2} of 3), root its last member
     "set-allreduce-Average", "set-allgather", "set-grouped_allgather", "set-broadcast",
     "set-broadcast_", "set-reducescatter-Sum", "set-reducescatter-Average",
-    "set-grouped_reducescatter", "set-alltoall",
+    "set-grouped_reducescatter", "set-alltoall", "set-sync_bn",
 ]
 
 

@@ -129,7 +129,7 @@ def _set_grad_cases(rank, size):
     members, n = ps.ranks, ps.size()
     keys = ["set-allreduce-Average", "set-allgather", "set-grouped_allgather", "set-broadcast",
             "set-broadcast_", "set-reducescatter-Sum", "set-reducescatter-Average",
-            "set-grouped_reducescatter", "set-alltoall"]
+            "set-grouped_reducescatter", "set-alltoall", "set-sync_bn"]
     if rank not in members:
         return {k: None for k in keys}
     out = {}
@@ -181,16 +181,20 @@ def _set_grad_cases(rank, size):
     # rows [2k, 2k+2) went to member k, arriving there at rows [2i, 2i+2)
     want = torch.cat([_w(q, (2 * n, 2))[2 * i:2 * i + 2] for q in members])
     out["set-alltoall"] = _err(x.grad, want)
+    out["set-sync_bn"] = _sync_bn_case(rank, size, lambda q: (3 + q, 2, 4), ps=ps)
     return out
 
 
-def _sync_bn_case(rank, size, shape_of, affine=True):
-    """SyncBatchNorm on each rank's batch vs BatchNorm on the union, forward and backward."""
+def _sync_bn_case(rank, size, shape_of, affine=True, ps=None):
+    """SyncBatchNorm on each rank's batch vs BatchNorm on the union, forward and backward;
+    on process set ``ps``, the union of its members' batches."""
+    members = ps.ranks if ps is not None else list(range(size))
+    me = members.index(rank)
     channels = shape_of(0)[1]
-    xs = [_x(100 + q, shape_of(q)).float() for q in range(size)]
-    ws = [_w(200 + q, shape_of(q)).float() for q in range(size)]
+    xs = [_x(100 + q, shape_of(q)).float() for q in members]
+    ws = [_w(200 + q, shape_of(q)).float() for q in members]
     torch.manual_seed(0)
-    sbn = hvd.SyncBatchNorm(channels, affine=affine)
+    sbn = hvd.SyncBatchNorm(channels, affine=affine, process_set=ps or hvd.global_process_set)
     ref = torch.nn.BatchNorm1d(channels, affine=affine) if len(shape_of(0)) <= 3 \
         else torch.nn.BatchNorm2d(channels, affine=affine)
     if affine:
@@ -200,13 +204,13 @@ def _sync_bn_case(rank, size, shape_of, affine=True):
                 m.bias.copy_(torch.linspace(-0.2, 0.2, channels))
     errors = []
     for it in range(2):  # twice: running statistics accumulate
-        x = xs[rank].clone().requires_grad_()
+        x = xs[me].clone().requires_grad_()
         y = sbn(x)
-        (ws[rank] * y).sum().backward()
+        (ws[me] * y).sum().backward()
         full = torch.cat(xs).requires_grad_()
         yr = ref(full)
         (torch.cat(ws) * yr).sum().backward()
-        off = sum(shape_of(q)[0] for q in range(rank))
+        off = sum(shape_of(q)[0] for q in members[:me])
         n = shape_of(rank)[0]
 
         def close(a, b, what):
@@ -219,13 +223,16 @@ def _sync_bn_case(rank, size, shape_of, affine=True):
         close(sbn.running_mean, ref.running_mean, "running_mean")
         close(sbn.running_var, ref.running_var, "running_var")
         if affine:
-            close(hvd.allreduce(sbn.weight.grad, op=hvd.Sum), ref.weight.grad, "weight gradient")
-            close(hvd.allreduce(sbn.bias.grad, op=hvd.Sum), ref.bias.grad, "bias gradient")
+            over = ps or hvd.global_process_set
+            close(hvd.allreduce(sbn.weight.grad, op=hvd.Sum, process_set=over), ref.weight.grad,
+                  "weight gradient")
+            close(hvd.allreduce(sbn.bias.grad, op=hvd.Sum, process_set=over), ref.bias.grad,
+                  "bias gradient")
             sbn.zero_grad()
             ref.zero_grad()
     sbn.eval()
     ref.eval()
-    close(sbn(xs[rank]), ref(xs[rank]), "eval output")
+    close(sbn(xs[me]), ref(xs[me]), "eval output")
     return errors[0] if errors else None
 
 
