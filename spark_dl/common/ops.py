@@ -174,6 +174,9 @@ def group_name(kind, name, process_set):
     return name or auto_name(kind, _ps_id(process_set))
 
 
+# The core's device type codes (DeviceType), for submit_many.
+DEVICE_CPU, DEVICE_CUDA = 0, 1
+
 # The framework's stream of a device tensor (DLPack's numbering), set by the framework
 # binding that can pass device tensors (spark_dl.torch for CUDA); None: host tensors only.
 _stream_of = None
@@ -254,7 +257,7 @@ def _ordered(finish, source, stream):
 
 def submit_many(kind, names, in_addrs, out_addrs, shapes, dtypes, *, keep, finish,
                 process_set=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
-                group="", group_size=0, label=""):
+                group="", group_size=0, label="", device=None, source=None):
     """Enqueues a batch of operations of one kind with one call; returns one
     :class:`~spark_dl.common.handles.BatchHandle` for all of them.
 
@@ -266,16 +269,28 @@ def submit_many(kind, names, in_addrs, out_addrs, shapes, dtypes, *, keep, finis
     handle keeps it alive until it is synchronized). ``out_addrs[i]`` 0 asks the
     core to allocate that allreduce's result. The operations are enqueued all or
     none. ``finish(outputs)``: see :class:`~spark_dl.common.handles.BatchHandle`.
+    ``device``: ``(device type code, index)`` of every tensor when they are on one
+    device (:data:`DEVICE_CUDA`), None for host memory; ``source``, one of them, whose
+    framework stream (see :func:`set_stream_provider`) the core orders the batch after.
 
     Only allreduce is batched so far (its tensors are caller memory of known size).
     """
     if kind != "allreduce":
         raise InvalidArgumentError(f"submit_many runs allreduce only, not {kind}")
     ps_id = _ps_id(process_set)
+    device_type, device_index = device or (DEVICE_CPU, 0)
+    stream = 0
+    if device_type != DEVICE_CPU and _stream_of is not None and source is not None:
+        stream = _stream_of(source)
     try:
         first = _core.enqueue_many(OP[kind], names, in_addrs, out_addrs, shapes, dtypes, ps_id,
                                    int(op), float(prescale_factor), float(postscale_factor), 0,
-                                   group, int(group_size))
+                                   group, int(group_size), device_type, int(device_index),
+                                   int(stream))
     except _core.CoreError as e:
         raise_from_core(e)
+    if stream and _order_after is not None:
+        ordered = _ordered(lambda outputs, ints: finish(outputs), source, stream)
+        return BatchHandle(first, len(names), keep, lambda outputs: ordered(outputs, None),
+                           name=label or group or names[0])
     return BatchHandle(first, len(names), keep, finish, name=label or group or names[0])

@@ -81,12 +81,13 @@ _CORE_DTYPES = {getattr(torch, name): code for name, code in _ops.DTYPES.items()
 
 def _per_tensor_allreduces(tensors, bufs, copy_backs, names, op, prescale_factor,
                            postscale_factor, process_set, group="", group_size=0, label=""):
-    """The batched paths' form for device tensors: one :func:`_ops.submit` each.
+    """The batched paths' form for tensors on several devices (CPU and CUDA, or several
+    GPUs): one :func:`_ops.submit` each.
 
-    The batch entry point takes host addresses only; a CUDA tensor crosses through
-    DLPack with its stream (:mod:`spark_dl.torch._device`), so the core learns its device
-    and orders its reads after the framework's work. ``copy_backs`` None: out of place
-    (the core allocates each result); else in place, and the result is ``tensors``.
+    The batch entry point takes tensors on one device; here each crosses through DLPack
+    with its stream (:mod:`spark_dl.torch._device`), so the core learns its device and
+    orders its reads after the framework's work. ``copy_backs`` None: out of place
+    (the core allocates each host result); else in place, and the result is ``tensors``.
     """
     in_place = copy_backs is not None
     handles = []
@@ -115,12 +116,13 @@ def _per_tensor_allreduces(tensors, bufs, copy_backs, names, op, prescale_factor
 def _batch_targets(tensors):
     """:func:`_target` of each tensor, for the batched in-place path.
 
-    Returns (buffers, copy-backs, specs); specs is (addresses, shapes, dtype codes) for
-    :func:`_ops.submit_many` when every buffer is in host memory, else None. A step's
-    gradients are dense, contiguous CPU tensors of a supported dtype: they are taken as
-    they are with a few attribute reads in one pass (this runs once per tensor per step;
-    for 200 tensors the pass is part of a sub-millisecond step); anything else goes
-    through :func:`_target`, which copies or names the problem.
+    Returns (buffers, copy-backs, specs); specs is (addresses, shapes, dtype codes,
+    device) for :func:`_ops.submit_many` when every buffer is on one device (device None
+    for host memory, else ``(DEVICE_CUDA, index)``), else None. A step's gradients are
+    dense, contiguous tensors of a supported dtype: CPU ones are taken as they are with
+    a few attribute reads in one pass (this runs once per tensor per step; for 200
+    tensors the pass is part of a sub-millisecond step); anything else goes through
+    :func:`_target`, which checks the device, copies or names the problem.
     """
     codes, strided, tensor_type = _CORE_DTYPES, torch.strided, torch.Tensor
     bufs, copy_backs, addrs, shapes, dtypes = [], [], [], [], []
@@ -138,23 +140,36 @@ def _batch_targets(tensors):
         bufs.append(buf)
         if copy_back is not None:
             copy_backs.append(copy_back)
-        if host and buf.is_cpu:
-            addrs.append(buf.data_ptr())
-            shapes.append(buf.shape)
-            dtypes.append(codes[buf.dtype])
-        else:
-            host = False
-    return bufs, copy_backs, ((addrs, shapes, dtypes) if host else None)
+        addrs.append(buf.data_ptr())
+        shapes.append(buf.shape)
+        dtypes.append(codes[buf.dtype])
+        host = host and buf.is_cpu
+    device = None if host else _one_cuda_device(bufs)
+    if not host and device is None:
+        return bufs, copy_backs, None
+    return bufs, copy_backs, (addrs, shapes, dtypes, device)
+
+
+def _one_cuda_device(bufs):
+    """``(DEVICE_CUDA, index)`` when every buffer is on one CUDA device, else None."""
+    first = bufs[0].device
+    if first.type != "cuda" or any(b.device != first for b in bufs):
+        return None
+    return _ops.DEVICE_CUDA, first.index
 
 
 def _batch_specs(bufs):
-    """(addresses, shapes, dtype codes) of checked contiguous tensors for
-    :func:`_ops.submit_many`, or None when one is not in host memory."""
+    """(addresses, shapes, dtype codes, device) of checked contiguous tensors for
+    :func:`_ops.submit_many` (see :func:`_batch_targets`), or None when they are not
+    on one device."""
+    device = None
     if not all(t.is_cpu for t in bufs):
-        return None
+        device = _one_cuda_device(bufs)
+        if device is None:
+            return None
     codes = _CORE_DTYPES
     return ([t.data_ptr() for t in bufs], [t.shape for t in bufs],
-            [codes[t.dtype] for t in bufs])
+            [codes[t.dtype] for t in bufs], device)
 
 
 @functools.lru_cache(maxsize=256)
@@ -255,7 +270,8 @@ def grouped_allreduce_named(tensors, average, name, op, prescale_factor, postsca
             tensors, bufs, copy_backs if in_place else None, member_names, op, prescale_factor,
             postscale_factor, process_set, group=group, group_size=len(tensors), label=group)
     # One call enqueues every member, one handle waits for all (submit_many).
-    addrs, shapes, dtypes = specs
+    addrs, shapes, dtypes, device = specs
+    results = ()
     if in_place:
         def finish(outputs):
             for copy_back in copy_backs:
@@ -263,15 +279,25 @@ def grouped_allreduce_named(tensors, average, name, op, prescale_factor, postsca
             return list(tensors)
 
         outs = addrs
+    elif device is not None:
+        # Results PyTorch allocates (see _allreduce_into_new: no cudaFree per result).
+        results = [torch.empty_like(b) for b in bufs]
+
+        def finish(outputs):
+            return list(results)
+
+        outs = [r.data_ptr() for r in results]
     else:
         def finish(outputs):
             return [_wrap(o[0]) for o in outputs]
 
         outs = [0] * len(bufs)  # the core allocates each result
     return _ops.submit_many("allreduce", member_names, addrs, outs, shapes, dtypes,
-                            keep=(tensors, bufs), finish=finish, process_set=process_set, op=op,
-                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                            group=group, group_size=len(tensors), label=group)
+                            keep=(tensors, bufs, results), finish=finish,
+                            process_set=process_set, op=op, prescale_factor=prescale_factor,
+                            postscale_factor=postscale_factor, group=group,
+                            group_size=len(tensors), label=group, device=device,
+                            source=bufs[0])
 
 
 def batched_allreduce_async_(tensors, names, op, prescale_factor, postscale_factor, process_set):
@@ -285,7 +311,7 @@ def batched_allreduce_async_(tensors, names, op, prescale_factor, postscale_fact
     if specs is None:
         return _per_tensor_allreduces(tensors, bufs, copy_backs, names, op, prescale_factor,
                                       postscale_factor, process_set, label=label)
-    addrs, shapes, dtypes = specs
+    addrs, shapes, dtypes, device = specs
 
     def finish(outputs):
         for copy_back in copy_backs:
@@ -295,7 +321,7 @@ def batched_allreduce_async_(tensors, names, op, prescale_factor, postscale_fact
     return _ops.submit_many("allreduce", names, addrs, addrs, shapes, dtypes,
                             keep=(tensors, bufs), finish=finish, process_set=process_set, op=op,
                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                            label=label)
+                            label=label, device=device, source=bufs[0])
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,

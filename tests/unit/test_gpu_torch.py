@@ -345,3 +345,29 @@ def test_order_after_is_a_no_op_on_the_same_stream_and_for_per_thread_streams():
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         _device.order_after(t, 1)  # the side stream now waits for the default stream
+
+
+def test_a_batch_names_its_device_to_the_core():
+    """enqueue_many carries the batch's device (a step's CUDA gradients in one call): where
+    the core has no CUDA backend it refuses them naming the GPU, before anything is queued."""
+    from spark_dl.common import ops
+
+    if _device.core_cuda_support()[0]:
+        pytest.skip("the core takes CUDA tensors here")
+    x = torch.ones(4)
+    hvd.init()
+    try:
+        with pytest.raises(hvd.InvalidArgumentError, match="cuda:3"):
+            ops.submit_many("allreduce", ["g.0"], [x.data_ptr()], [x.data_ptr()], [x.shape],
+                            [ops.DTYPES["float32"]], keep=(x,), finish=lambda o: None,
+                            device=(ops.DEVICE_CUDA, 3), source=x)
+        with pytest.raises(hvd.InvalidArgumentError, match="bad device type code 7"):
+            ops.submit_many("allreduce", ["g.1"], [x.data_ptr()], [x.data_ptr()], [x.shape],
+                            [ops.DTYPES["float32"]], keep=(x,), finish=lambda o: None,
+                            device=(7, 0), source=x)
+        # Nothing was queued: the same names run now on the host.
+        h = ops.submit_many("allreduce", ["g.0"], [x.data_ptr()], [x.data_ptr()], [x.shape],
+                            [ops.DTYPES["float32"]], keep=(x,), finish=lambda o: x)
+        assert torch.equal(hvd.synchronize(h), torch.ones(4))
+    finally:
+        hvd.shutdown()

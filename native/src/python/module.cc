@@ -251,12 +251,22 @@ int64_t Enqueue(int op, const std::string& name, std::optional<nb::ndarray<nb::r
 // tensors alive until the handles are taken: exporting a DLPack capsule costs
 // a few microseconds per torch tensor, more than the rest of the enqueue.
 // out_addrs[i] == 0 asks the core to allocate that allreduce's output.
+// device_type/device_index (DeviceType codes): where every tensor of the batch
+// lives; stream: the framework's stream of device tensors (DLPack's numbering),
+// one for the batch (a step's gradients, handed over together by one thread).
 int64_t EnqueueMany(int op, const std::vector<std::string>& names,
                     const std::vector<uintptr_t>& in_addrs, const std::vector<uintptr_t>& out_addrs,
                     const std::vector<std::vector<int64_t>>& shapes, const std::vector<int>& dtypes,
                     int32_t process_set, int reduce, double prescale, double postscale,
-                    int32_t root, const std::string& group, int32_t group_size) {
+                    int32_t root, const std::string& group, int32_t group_size,
+                    int device_type, int32_t device_index, uintptr_t stream) {
   Runtime& rt = Rt();
+  if (device_type != static_cast<int>(DeviceType::kCPU) &&
+      device_type != static_cast<int>(DeviceType::kCUDA))
+    throw Error(ErrorCode::kInvalidArgument,
+                "enqueue_many: bad device type code " + std::to_string(device_type));
+  const Device device{static_cast<DeviceType>(device_type),
+                      device_type == static_cast<int>(DeviceType::kCPU) ? 0 : device_index};
   const size_t n = names.size();
   if (in_addrs.size() != n || out_addrs.size() != n || shapes.size() != n || dtypes.size() != n)
     throw Error(ErrorCode::kInvalidArgument,
@@ -276,9 +286,11 @@ int64_t EnqueueMany(int op, const std::vector<std::string>& names,
     req.shape = shapes[i];
     req.group = group;
     req.group_size = group_size;
+    req.device = device;
     subs[i].in = reinterpret_cast<const void*>(in_addrs[i]);
     subs[i].out = reinterpret_cast<void*>(out_addrs[i]);
     subs[i].core_output = out_addrs[i] == 0 && req.op == OpType::kAllreduce;
+    subs[i].stream = device.host() ? 0 : stream;
   }
   nb::gil_scoped_release nogil;
   return rt.EnqueueMany(process_set, std::move(subs));
@@ -544,7 +556,8 @@ NB_MODULE(_core, m) {
   m.def("take_range", &TakeRange, "first"_a, "count"_a);
   m.def("enqueue_many", &EnqueueMany, "op"_a, "names"_a, "in_addrs"_a, "out_addrs"_a, "shapes"_a,
         "dtypes"_a, "process_set"_a = 0, "reduce"_a = 1, "prescale"_a = 1.0, "postscale"_a = 1.0,
-        "root"_a = 0, "group"_a = "", "group_size"_a = 0);
+        "root"_a = 0, "group"_a = "", "group_size"_a = 0, "device_type"_a = 0,
+        "device_index"_a = 0, "stream"_a = 0);
   m.def("take", &Take);
   m.def("add_process_set", [](std::vector<int32_t> ranks) { return Rt().AddProcessSet(std::move(ranks)); });
   m.def("remove_process_set", [](int32_t id) { return Rt().RemoveProcessSet(id); });
