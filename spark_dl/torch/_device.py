@@ -28,7 +28,7 @@ from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 
 __all__ = ["core_cuda_support", "device_error", "check_device", "device_scope",
-           "dlpack_stream", "order_after", "stream_of"]
+           "dlpack_stream", "host_array", "order_after", "stream_of"]
 
 # The core's run-time answer to "can you take CUDA tensors now" (CUDA and NCCL loaded, a
 # device present). The native side names it; until it exists, build_info()["cuda"] alone
@@ -118,6 +118,13 @@ def order_after(tensor, stream: int) -> None:
     else:
         source = torch.cuda.ExternalStream(stream, device=tensor.device)
     torch.cuda.current_stream(tensor.device).wait_stream(source)
+
+
+def host_array(tensor: torch.Tensor):
+    """``tensor`` (a model output, any device) as a NumPy array on the host; bfloat16,
+    which NumPy lacks, as float32 (exact)."""
+    t = tensor.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def device_scope(tensor):

@@ -44,7 +44,6 @@ import torch
 from spark_dl.spark.common.adapter import Predictor, WorkerAdapter
 from spark_dl.spark.launch.task.devices import choose_gpu, choose_transform_gpu
 from spark_dl.spark.lightning import util
-from spark_dl.spark.torch.util import host_array
 from spark_dl.torch import _device as tensor_device
 
 __all__ = ["LightningSpec", "LightningWorker", "LightningPredictor", "CHECKPOINT_FORMAT"]
@@ -503,7 +502,7 @@ class LightningPredictor(Predictor):
                         inputs = [t.to(device) for t in inputs]
                     result = module(*inputs)
                     results = list(result) if isinstance(result, (list, tuple)) else [result]
-                    outs.append([host_array(r) for r in results])
+                    outs.append([tensor_device.host_array(r) for r in results])
         finally:
             for m, mode in modes:
                 m.training = mode

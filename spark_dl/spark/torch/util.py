@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from spark_dl.spark.common.metrics import metric_pairs
+from spark_dl.torch import _device as tensor_device
 
 __all__ = ["model_dtype", "default_input_shapes", "torch_batch", "feature_tensors", "label_tensors",
            "match_outputs", "loss_mismatch", "per_row", "make_loss_fn", "metric_names", "describe", "predict"]
@@ -38,13 +39,6 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype:
 
 def numpy_dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
-
-
-def host_array(t: torch.Tensor) -> np.ndarray:
-    """A model output as a NumPy array on the host; bfloat16, which NumPy lacks, as float32
-    (exact)."""
-    t = t.detach().cpu()
-    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def default_input_shapes(feature_cols: Sequence[str], columns: Mapping[str, dict]) -> List[list]:
@@ -308,5 +302,5 @@ def predict(model: torch.nn.Module, arrays: Dict[str, np.ndarray], feature_cols:
             if not parts:
                 parts = [[] for _ in outputs]
             for i, out in enumerate(outputs):
-                parts[i].append(host_array(out))
+                parts[i].append(tensor_device.host_array(out))
     return [np.concatenate(p) if len(p) > 1 else p[0] for p in parts]
