@@ -22,6 +22,8 @@ Peers:
 ==================  =====================================================================
 ``spark_dl``        one ``allreduce_async_`` per tensor, then ``synchronize`` of each
                     (Horovod's pattern: the core fuses what is ready)
+``spark_dl_batch``  the whole list in one call of independent allreduces, as
+                    ``DistributedOptimizer`` hands over a step's gradients
 ``spark_dl_group``  ``grouped_allreduce_`` of the whole list (one fused unit)
 ``nccl_each``       ``dist.all_reduce`` per tensor (NCCL; one kernel each)
 ``nccl_flat``       flatten, one ``dist.all_reduce``, copy back (DDP's bucket)
@@ -50,7 +52,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "SDL_GPU_BENCH "
-PEERS = ("spark_dl", "spark_dl_group", "nccl_each", "nccl_flat")
+PEERS = ("spark_dl", "spark_dl_batch", "spark_dl_group", "nccl_each", "nccl_flat")
 WORKLOADS = ("small", "large", "mixed")
 SMALL_COUNT, SMALL_ELEMS, LARGE_ELEMS = 200, 16 * 1024 // 4, 64 * 1024 * 1024 // 4
 
@@ -90,6 +92,13 @@ def _peer_fns(hvd, dist):
         for h in handles:
             hvd.synchronize(h)
 
+    def spark_dl_batch(ts, tag):
+        from spark_dl.torch._async_ops import batched_allreduce_async_
+
+        names = [f"{tag}.{i}" for i in range(len(ts))]
+        hvd.synchronize(batched_allreduce_async_(ts, names, hvd.Sum, 1.0, 1.0,
+                                                 hvd.global_process_set))
+
     def spark_dl_group(ts, tag):
         hvd.grouped_allreduce_(ts, op=hvd.Sum, name=tag)
 
@@ -104,8 +113,8 @@ def _peer_fns(hvd, dist):
             t.copy_(r)
 
     del torch
-    return {"spark_dl": spark_dl, "spark_dl_group": spark_dl_group, "nccl_each": nccl_each,
-            "nccl_flat": nccl_flat}
+    return {"spark_dl": spark_dl, "spark_dl_batch": spark_dl_batch,
+            "spark_dl_group": spark_dl_group, "nccl_each": nccl_each, "nccl_flat": nccl_flat}
 
 
 def _allreduce_bench(args, hvd, dist, device):
@@ -231,6 +240,8 @@ def _report(result):
         print(f"| {workload} | " + " | ".join(cells) + " |")
     for peer, why in result["not_measured"].items():
         print(f"\nNOT MEASURED {peer}: {why}")
+    for line in _target_lines(result):
+        print(line)
     k = result["kernels"]
     print(f"\nCopy bandwidth, {SMALL_COUNT} x 16 KiB ({k['bytes_moved'] / 1e6:.1f} MB read + "
           "written), GB/s:\n")
@@ -238,6 +249,29 @@ def _report(result):
         print(f"- {name}: {gbs:.1f}")
     if k["pack_not_measured"]:
         print(f"\nNOT MEASURED pack/unpack: {k['pack_not_measured']}")
+    else:
+        roof = k["gb_per_s"]["contiguous copy_"]
+        for name in ("spark_dl pack", "spark_dl unpack"):
+            share = k["gb_per_s"][name] / roof
+            print(f"{name}: {share:.0%} of the contiguous copy's bandwidth (target >= 50% -> "
+                  f"{'met' if share >= 0.5 else 'NOT met'})")
+
+
+def _target_lines(result):
+    """Per workload: the fastest spark_dl form against the faster torch.distributed NCCL
+    form, medians of the same run (target: at least as fast, ratio >= 1)."""
+    lines = [""]
+    for workload, rows in result["allreduce_s"].items():
+        ours = {p: r["median"] for p, r in rows.items() if p.startswith("spark_dl")}
+        theirs = {p: r["median"] for p, r in rows.items() if p.startswith("nccl")}
+        if not ours or not theirs:
+            continue
+        best_ours = min(ours, key=ours.get)
+        best_theirs = min(theirs, key=theirs.get)
+        ratio = theirs[best_theirs] / ours[best_ours]
+        lines.append(f"{workload}: {best_ours} {ratio:.2f}x {best_theirs} (time ratio; target "
+                     f">= 1.0 -> {'met' if ratio >= 1.0 else 'NOT met'})")
+    return lines
 
 
 def main():
