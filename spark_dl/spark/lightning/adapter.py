@@ -27,6 +27,7 @@ counters).
 """
 
 import atexit
+import copy
 import dataclasses
 import importlib
 import io
@@ -164,12 +165,30 @@ def _tap_class(pl):
             # complete: its checkpoint, which resumes at the start of this epoch.
             self.epoch_starts += 1
             if self.epoch_starts > 1:
-                self.worker.take_checkpoint(trainer)
+                self.worker.take_checkpoint(trainer, at_epoch_start=True)
 
         def on_train_end(self, trainer, pl_module):
             self.worker.take_checkpoint(trainer)
 
     return _Tap
+
+
+def _between_epochs(ckpt: dict) -> dict:
+    """A checkpoint dumped when an epoch starts, as one taken after the previous epoch.
+
+    By then Lightning counts the new epoch as ready (its epoch progress says ready =
+    completed + 1), and ``fit(ckpt_path=...)`` would take that epoch as under way and skip
+    it, losing an epoch on every resume from a checkpoint before the last one."""
+    loops = ckpt.get("loops") or {}
+    progress = (loops.get("fit_loop") or {}).get("epoch_progress")
+    if not progress:
+        return ckpt
+    progress = copy.deepcopy(progress)
+    for part in ("current", "total"):
+        if part in progress and "completed" in progress[part]:
+            progress[part]["ready"] = progress[part]["completed"]
+    fit_loop = dict(loops["fit_loop"], epoch_progress=progress)
+    return dict(ckpt, loops=dict(loops, fit_loop=fit_loop))
 
 
 class _LoopCallback:
@@ -263,11 +282,13 @@ class LightningWorker(WorkerAdapter):
         self.resume_payload = payload
         return int(ours["epoch"]) + (1 if ours["format"] == 1 else 0), ours.get("history")
 
-    def take_checkpoint(self, trainer) -> None:
+    def take_checkpoint(self, trainer, at_epoch_start: bool = False) -> None:
         """Lightning's checkpoint dict of the current state (rank 0; called in the fit
-        thread at the points where an epoch is complete)."""
+        thread at the points where an epoch is complete). ``at_epoch_start``: taken as
+        the next epoch starts, it is made a checkpoint between the two epochs."""
         if self.rank == 0:
-            self.checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+            self.checkpoint = _between_epochs(ckpt) if at_epoch_start else ckpt
 
     def save_checkpoint(self, epoch: int, history: dict) -> bytes:
         if self.checkpoint is None:
