@@ -302,6 +302,12 @@ class _DistributedOptimizer:
         self._synchronized = False
         return super().step(closure)
 
+    # The wrapped class's step already runs the step hooks (torch wraps each optimizer
+    # class's step once). Marked as wrapped, so that load_state_dict, whose
+    # _patch_step_function wraps the step of the instance's class, does not wrap this one
+    # too: hooks would then fire twice, the outer pre-hook before synchronize().
+    step.hooked = True
+
     def zero_grad(self, *args, **kwargs):
         """The wrapped optimizer's ``zero_grad``; refused while gradients are being reduced."""
         if self._handles or self._batches or self._queue or self._group_handles or self._touched:

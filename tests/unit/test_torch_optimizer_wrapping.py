@@ -124,3 +124,28 @@ def test_state_structure_round_trips():
     assert [s.index for s in slots] == [0, 1] and slots[1].shape == (2,)
     rebuilt = _join_tensors(skeleton, tensors)
     assert rebuilt["state"][0]["buf"][1] == 5 and rebuilt["state"][0]["step"] is tensors[0]
+
+
+def test_step_hooks_fire_once_per_step_also_after_load_state_dict():
+    """load_state_dict (a resume, broadcast_optimizer_state on every other rank) lets torch
+    wrap the step of the optimizer's class for its hooks: the DistributedOptimizer's step
+    must not be wrapped again, or each hook fires twice, the outer pre-hook before the
+    gradients are synchronized."""
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    calls = []
+    opt.register_step_pre_hook(lambda o, a, k: calls.append("pre"))
+    opt.register_step_post_hook(lambda o, a, k: calls.append("post"))
+
+    def step():
+        opt.zero_grad()
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+
+    step()
+    assert calls == ["pre", "post"]
+    opt.load_state_dict(opt.state_dict())
+    calls.clear()
+    step()
+    assert calls == ["pre", "post"]
