@@ -219,6 +219,22 @@ def test_resume_with_same_run_id(spark, store, df):
     assert second.getHistory()["loss"][1] < first.getHistory()["loss"][0]
 
 
+def test_accumulated_steps_keep_the_trained_optimizer_state(spark, store, df):
+    """backward_passes_per_step adds gradient accumulators to the workers' optimizer; the
+    fitted model's (the user's kind, without them) still gets the trained state."""
+    import warnings
+
+    est = estimator(store, epochs=1, validation=None, verbose=0, backward_passes_per_step=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        trained = est.fit(df).getModel()
+    opt = trained.optimizer
+    assert int(opt.iterations.numpy()) > 0
+    assert any(float(np.abs(np.array(v)).max()) > 0 for v in opt.variables
+               if "momentum" in v.path)
+    assert abs(float(opt.learning_rate.numpy()) - 0.05) < 1e-7
+
+
 def test_custom_objects_multi_io_weights_and_early_stopping(spark, store, df, tmp_path):
     # Two inputs (a vector and a scalar column), two outputs (a scalar and a 2-vector), a
     # custom layer and a custom loss given through custom_objects, a sample weight column,

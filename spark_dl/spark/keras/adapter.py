@@ -242,11 +242,15 @@ class KerasWorker(WorkerAdapter):
     def _optimizer_variables(self):
         return list(self.opt.variables)
 
-    def _optimizer_values(self) -> List[np.ndarray]:
-        """The optimizer's variables with the learning rate as the user gave it."""
+    def _optimizer_values(self, accumulators: bool = True) -> List[np.ndarray]:
+        """The optimizer's variables with the learning rate as the user gave it; without
+        the gradient accumulators backward_passes_per_step adds when ``accumulators`` is
+        False (the fitted model's optimizer is the user's, which has none)."""
         lr = getattr(self.opt, "_learning_rate", None)
+        skip = set() if accumulators else \
+            {id(v) for v in getattr(self.opt, "_accumulated_gradients", None) or ()}
         return [np.array(v) / self.lr_factor if v is lr else np.array(v)
-                for v in self._optimizer_variables()]
+                for v in self._optimizer_variables() if id(v) not in skip]
 
     def load_checkpoint(self, payload: bytes):
         try:
@@ -283,7 +287,8 @@ class KerasWorker(WorkerAdapter):
                 var.assign(a)
 
     def result(self) -> dict:
-        return {"weights": _numpy(self.model.weights), "optimizer": self._optimizer_values()}
+        return {"weights": _numpy(self.model.weights),
+                "optimizer": self._optimizer_values(accumulators=False)}
 
     def callback_objects(self):
         return self.model, self.opt

@@ -10,6 +10,7 @@ the run learns the metric names Keras will report); the
 :class:`~spark_dl.spark.keras.model.KerasModel` built from rank 0's result.
 """
 
+import warnings
 from typing import List
 
 import numpy as np
@@ -220,8 +221,9 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
         optimizer.build(model.trainable_variables)
         try:  # the trained optimizer state, when the plain optimizer has the same variables
             assign_variables(optimizer.variables, state["optimizer"], "optimizer state")
-        except ValueError:
-            pass
+        except ValueError as e:
+            warnings.warn(f"the fitted model's optimizer starts without the trained state ({e})",
+                          RuntimeWarning, stacklevel=2)
         cols = self.getFeatureCols() + self.getLabelCols()
         metadata = {"columns": {c: dataset.columns[c] for c in cols},
                     "vector_dtype": self._vector_dtype()}
