@@ -536,6 +536,20 @@ def test_a_checkpoint_loads_into_the_optimizer_that_trains():
         sdl.shutdown()
 
 
+def test_the_learning_rate_comes_back_exactly_as_given():
+    """Workers train with lr x size; the state they return holds the given rate exactly
+    (0.1 x 3 / 3 is 0.10000000000000002), and a rate a scheduler changed, divided."""
+    from spark_dl.spark.torch.adapter import _scale_lr, _unscaled
+
+    groups = [{"lr": 0.1}, {"lr": 0.05}, {"lr": None}]
+    given = _scale_lr(groups, 3)
+    assert groups[0]["lr"] == 0.1 * 3 and groups[2]["lr"] is None
+    groups[1]["lr"] = 0.6  # a scheduler's change
+    state = _unscaled({"param_groups": [dict(g) for g in groups]}, 3, given)
+    lrs = [g["lr"] for g in state["param_groups"]]
+    assert lrs[0] == 0.1 and lrs[1] == pytest.approx(0.2) and lrs[2] is None
+
+
 def test_positional_arguments_are_refused():
     with pytest.raises(TypeError, match="forces keyword arguments"):
         TorchEstimator(2)

@@ -102,17 +102,33 @@ def _agree_on_device(sdl, device: torch.device) -> None:
             "Spark's GPU resources), or set use_gpu=False to train on the CPUs")
 
 
-def _scale_lr(groups, factor: float) -> None:
-    """Multiplies the ``lr`` of optimizer param groups (or state-dict groups) by ``factor``."""
-    if factor != 1:
-        for group in groups:
-            if isinstance(group.get("lr"), (int, float)):
-                group["lr"] = group["lr"] * factor
+def _scale_lr(groups, factor: float) -> list:
+    """Multiplies the ``lr`` of optimizer param groups (or state-dict groups) by ``factor``.
+    Returns, per group, (the scaled rate, the given one) for :func:`_unscaled` (None where
+    the rate is not a number)."""
+    pairs = []
+    for group in groups:
+        lr = group.get("lr")
+        if not isinstance(lr, (int, float)):
+            pairs.append(None)
+            continue
+        if factor != 1:
+            group["lr"] = lr * factor
+        pairs.append((group["lr"], lr))
+    return pairs
 
 
-def _unscaled(state: dict, factor: float) -> dict:
-    """An optimizer state dict with the learning rate as the user gave it."""
-    _scale_lr(state["param_groups"], 1.0 / factor)
+def _unscaled(state: dict, factor: float, given=()) -> dict:
+    """An optimizer state dict with the learning rate as the user gave it: exactly the given
+    rate (``given``: what :func:`_scale_lr` returned) where a group still trains at its
+    scaled rate, else (a scheduler changed it) the rate divided by ``factor``."""
+    if factor == 1:
+        return state
+    for i, group in enumerate(state["param_groups"]):
+        lr = group.get("lr")
+        if isinstance(lr, (int, float)):
+            pair = given[i] if i < len(given) else None
+            group["lr"] = pair[1] if pair is not None and pair[0] == lr else lr / factor
     return state
 
 
@@ -152,7 +168,7 @@ class TorchWorker(WorkerAdapter):
         self.model, self.optimizer, self.dtype = model, optimizer, util.model_dtype(model)
         # Horovod's estimators train with the learning rate times the number of workers.
         self.lr_factor = size if fw.scale_learning_rate else 1
-        _scale_lr(optimizer.param_groups, self.lr_factor)
+        self.lr_given = _scale_lr(optimizer.param_groups, self.lr_factor)
         self.opt = sdl.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(),
             compression=fw.compression or sdl.Compression.none,
@@ -179,7 +195,7 @@ class TorchWorker(WorkerAdapter):
             # Into the DistributedOptimizer, which trains: load_state_dict replaces the
             # state and param_groups objects, which the wrapped optimizer only shared.
             self.opt.load_state_dict(ckpt["optimizer"])
-            _scale_lr(self.opt.param_groups, self.lr_factor)
+            self.lr_given = _scale_lr(self.opt.param_groups, self.lr_factor)
         except (RuntimeError, ValueError, KeyError) as e:
             raise ValueError(f"it does not fit this model/optimizer ({e})") from None
         return int(ckpt["epoch"]) + (1 if fmt == 1 else 0), ckpt.get("history")
@@ -188,7 +204,7 @@ class TorchWorker(WorkerAdapter):
         buf = io.BytesIO()
         torch.save({"format": CHECKPOINT_FORMAT, "epoch": epoch, "run_id": self.spec.run_id,
                     "model": _to_cpu(self.model.state_dict()),
-                    "optimizer": _to_cpu(_unscaled(self.opt.state_dict(), self.lr_factor)),
+                    "optimizer": _to_cpu(_unscaled(self.opt.state_dict(), self.lr_factor, self.lr_given)),
                     "history": history}, buf)
         return buf.getvalue()
 
@@ -198,7 +214,7 @@ class TorchWorker(WorkerAdapter):
 
     def result(self) -> dict:
         return {"model": _to_cpu(self.model.state_dict()),
-                "optimizer": _to_cpu(_unscaled(self.opt.state_dict(), self.lr_factor))}
+                "optimizer": _to_cpu(_unscaled(self.opt.state_dict(), self.lr_factor, self.lr_given))}
 
     def callback_objects(self):
         return self.model, self.opt
