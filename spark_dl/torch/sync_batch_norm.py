@@ -1,9 +1,9 @@
 """SyncBatchNorm: batch normalization with statistics over every rank's batch.
 
 In training, each rank computes its batch's per-channel count, mean and sum
-of squared deviations; one gather (an allreduce of a row per rank) combines them (the parallel-variance
-formula, stable where E[x^2] - E[x]^2 is not) into the statistics of the
-union of all ranks' batches. The backward pass needs two per-channel sums over
+of squared deviations; one gather (an allreduce of a row per rank) combines
+them (the parallel-variance formula, stable where E[x^2] - E[x]^2 is not) into
+the statistics of the union of all ranks' batches. The backward pass needs two per-channel sums over
 that union, obtained with one allreduce. Weight and bias gradients stay local,
 as in ``torch.nn.SyncBatchNorm``: :class:`DistributedOptimizer` averages them
 like any other gradient. In evaluation, or on one rank, it is plain batch norm.

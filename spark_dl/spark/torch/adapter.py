@@ -204,8 +204,7 @@ class TorchWorker(WorkerAdapter):
         buf = io.BytesIO()
         torch.save({"format": CHECKPOINT_FORMAT, "epoch": epoch, "run_id": self.spec.run_id,
                     "model": _to_cpu(self.model.state_dict()),
-                    "optimizer": _to_cpu(_unscaled(self.opt.state_dict(), self.lr_factor, self.lr_given)),
-                    "history": history}, buf)
+                    "optimizer": self._optimizer_state(), "history": history}, buf)
         return buf.getvalue()
 
     def broadcast_state(self, root_rank: int) -> None:
@@ -213,8 +212,11 @@ class TorchWorker(WorkerAdapter):
         self.sdl.broadcast_optimizer_state(self.opt, root_rank=root_rank)
 
     def result(self) -> dict:
-        return {"model": _to_cpu(self.model.state_dict()),
-                "optimizer": _to_cpu(_unscaled(self.opt.state_dict(), self.lr_factor, self.lr_given))}
+        return {"model": _to_cpu(self.model.state_dict()), "optimizer": self._optimizer_state()}
+
+    def _optimizer_state(self) -> dict:
+        """The optimizer's state dict on the CPU, with the learning rate as the user gave it."""
+        return _to_cpu(_unscaled(self.opt.state_dict(), self.lr_factor, self.lr_given))
 
     def callback_objects(self):
         return self.model, self.opt
