@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/runtime.h"
+#include "fake_backend.h"
 #include "run_ranks.h"
 #ifdef SDL_HAVE_CUDA
 #include "gpu/cuda_api.h"
@@ -169,25 +170,9 @@ TEST(DeviceStreams, TheCoreWaitsForWhatTheStreamHadQueuedAtEnqueue) {
 
 // A backend that serves nothing, whose health check fails on demand (as NCCL
 // reports a broken collective asynchronously), and which records its aborts.
-class FailingBackend : public OpBackend {
+class FailingBackend : public NoOpBackend {
  public:
-  const char* name() const override { return "failing"; }
   const char* key() const override { return "failing"; }
-  bool Enabled(const Response&, Device) const override { return false; }
-  Status Allreduce(const OpContext&, const void*, void*, size_t, DataType, ReduceOp) override {
-    return Status::OK();
-  }
-  Status Allgatherv(const OpContext&, const void*, void*, const std::vector<size_t>&) override {
-    return Status::OK();
-  }
-  Status Broadcast(const OpContext&, void*, size_t, int) override { return Status::OK(); }
-  Status Alltoallv(const OpContext&, const void*, void*, const std::vector<size_t>&) override {
-    return Status::OK();
-  }
-  Status Reducescatter(const OpContext&, const void*, void*, const std::vector<size_t>&,
-                       DataType, ReduceOp) override {
-    return Status::OK();
-  }
   Status Poll() override {
     if (fail.load()) return Status::Fail(ErrorCode::kPeerFailure, "device link broke (fake)");
     return Status::OK();
@@ -200,6 +185,17 @@ class FailingBackend : public OpBackend {
   std::mutex mu;
   std::vector<std::string> aborts;
 };
+
+// RunRanks options that give each rank a FailingBackend, kept in backends[rank].
+std::function<void(int, RuntimeOptions&)> WithFailingBackends(FailingBackend** backends) {
+  return [backends](int rank, RuntimeOptions& o) {
+    o.add_ops = [backends, rank](Operations& ops) {
+      auto b = std::make_unique<FailingBackend>();
+      backends[rank] = b.get();
+      ops.AddBackend(kPriorityDevice, std::move(b));
+    };
+  };
+}
 
 // After a failure the runtime aborts its device backends (NCCL's communicators
 // would otherwise be finalized, which waits for peers that are gone); a clean
@@ -216,22 +212,17 @@ TEST_P(Threads, AFailedRuntimeAbortsItsDeviceBackends) {
         // Both ranks fail: rank 1 on its own check, rank 0 through the peer's end.
         Result res = WaitFor(rt, rt.Enqueue(0, Req(OpType::kAllreduce, "after", {1}), x, x));
         EXPECT_NE(res.code, ErrorCode::kOk) << "rank " << rank;
-        if (rank == 1)
+        if (rank == 1) {
           EXPECT_NE(res.message.find("device link broke (fake)"), std::string::npos) << res.message;
+        }
         rt.Shutdown();
         std::lock_guard<std::mutex> lk(backends[rank]->mu);
         ASSERT_EQ(backends[rank]->aborts.size(), 1u) << "rank " << rank;
-        if (rank == 1)
+        if (rank == 1) {
           EXPECT_NE(backends[1]->aborts[0].find("device link broke"), std::string::npos);
+        }
       },
-      {},
-      [&](int rank, RuntimeOptions& o) {
-        o.add_ops = [&backends, rank](Operations& ops) {
-          auto b = std::make_unique<FailingBackend>();
-          backends[rank] = b.get();
-          ops.AddBackend(kPriorityDevice, std::move(b));
-        };
-      });
+      {}, WithFailingBackends(backends));
 }
 
 TEST_P(Threads, ACleanShutdownAbortsNothing) {
@@ -246,14 +237,7 @@ TEST_P(Threads, ACleanShutdownAbortsNothing) {
         std::lock_guard<std::mutex> lk(backends[rank]->mu);
         EXPECT_TRUE(backends[rank]->aborts.empty()) << "rank " << rank;
       },
-      {},
-      [&](int rank, RuntimeOptions& o) {
-        o.add_ops = [&backends, rank](Operations& ops) {
-          auto b = std::make_unique<FailingBackend>();
-          backends[rank] = b.get();
-          ops.AddBackend(kPriorityDevice, std::move(b));
-        };
-      });
+      {}, WithFailingBackends(backends));
 }
 
 TEST_P(Threads, CollectiveAfterAPeerShutDownNamesThatPeer) {

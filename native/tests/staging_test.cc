@@ -13,6 +13,7 @@
 
 #include "comm/comm.h"
 #include "core/process_set.h"
+#include "fake_backend.h"
 #include "ops/host_backends.h"
 #include "ops/operations.h"
 #include "ops/staging_pool.h"
@@ -167,25 +168,10 @@ TEST(HostStaging, UsesPinnedPooledBuffersAndFencesBeforeReusingThem) {
 }
 
 // A backend whose asynchronous health check fails once `broken` is set.
-class PollingBackend : public OpBackend {
+class PollingBackend : public NoOpBackend {
  public:
   const char* key() const override { return "polling"; }
-  const char* name() const override { return "polling"; }
   bool Enabled(const Response&, Device d) const override { return d.type == DeviceType::kCUDA; }
-  Status Allreduce(const OpContext&, const void*, void*, size_t, DataType, ReduceOp) override {
-    return Status::OK();
-  }
-  Status Allgatherv(const OpContext&, const void*, void*, const std::vector<size_t>&) override {
-    return Status::OK();
-  }
-  Status Broadcast(const OpContext&, void*, size_t, int) override { return Status::OK(); }
-  Status Alltoallv(const OpContext&, const void*, void*, const std::vector<size_t>&) override {
-    return Status::OK();
-  }
-  Status Reducescatter(const OpContext&, const void*, void*, const std::vector<size_t>&,
-                       DataType, ReduceOp) override {
-    return Status::OK();
-  }
   Status Poll() override {
     ++polls;
     if (!*broken) return Status::OK();

@@ -249,21 +249,6 @@ def test_lightning_predictor_on_a_cpu_executor(lightning_predictor, monkeypatch)
         p.predict({"x": x})
 
 
-def test_lightning_predictor_of_a_bfloat16_model_returns_float32():
-    pytest.importorskip("lightning")
-    import torch
-    from spark_dl.spark.lightning.adapter import LightningPredictor
-
-    torch.manual_seed(0)
-    module = torch.nn.Linear(3, 2).to(torch.bfloat16)
-    p = LightningPredictor(module, ["x"], [[-1, 3]], 4, use_gpu=False)
-    x = np.arange(15, dtype=np.float32).reshape(5, 3)
-    out = p.predict({"x": x})[0]
-    assert out.dtype == np.float32 and out.shape == (5, 2)
-    expected = module(torch.from_numpy(x).to(torch.bfloat16)).float().detach().numpy()
-    np.testing.assert_array_equal(out, expected)
-
-
 def test_lightning_model_carries_use_gpu():
     pytest.importorskip("pyspark")
     pytest.importorskip("lightning")

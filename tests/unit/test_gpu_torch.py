@@ -172,13 +172,19 @@ def test_predictor_on_the_driver_stays_on_the_cpu():
     assert pickle.loads(pickle.dumps(p)).on_executor is False  # a copy is for a new process
 
 
-def test_predictor_of_a_bfloat16_model_returns_float32():
-    """NumPy has no bfloat16: a bf16 model's outputs come back as float32 (exactly)."""
-    from spark_dl.spark.torch.adapter import TorchPredictor
+@pytest.mark.parametrize("kind", ["torch", "lightning"])
+def test_predictor_of_a_bfloat16_model_returns_float32(kind):
+    """NumPy has no bfloat16: a bf16 model's outputs come back as float32 (exactly), from
+    TorchModel's and LightningModel's predictors alike."""
+    if kind == "lightning":
+        pytest.importorskip("lightning")
+        from spark_dl.spark.lightning.adapter import LightningPredictor as Predictor
+    else:
+        from spark_dl.spark.torch.adapter import TorchPredictor as Predictor
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2).to(torch.bfloat16)
-    p = TorchPredictor(model, ["x"], [[-1, 3]], 4, use_gpu=False)
+    p = Predictor(model, ["x"], [[-1, 3]], 4, use_gpu=False)
     x = np.arange(15, dtype=np.float32).reshape(5, 3)
     out = p.predict({"x": x})[0]
     assert out.dtype == np.float32 and out.shape == (5, 2)
