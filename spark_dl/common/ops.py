@@ -290,7 +290,9 @@ def submit_many(kind, names, in_addrs, out_addrs, shapes, dtypes, *, keep, finis
     except _core.CoreError as e:
         raise_from_core(e)
     if stream and _order_after is not None:
-        ordered = _ordered(lambda outputs, ints: finish(outputs), source, stream)
-        return BatchHandle(first, len(names), keep, lambda outputs: ordered(outputs, None),
-                           name=label or group or names[0])
+        plain = finish
+
+        def finish(outputs):
+            _order_after(source, stream)  # as _ordered does for single operations
+            return plain(outputs)
     return BatchHandle(first, len(names), keep, finish, name=label or group or names[0])
