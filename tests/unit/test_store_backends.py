@@ -14,7 +14,7 @@ import pytest
 
 from spark_dl.spark.common.remote_store import RemoteStore
 from spark_dl.spark.common.store import (DBFSLocalStore, FilesystemStore, HDFSStore,
-                                         LocalStore, Store)
+                                         LocalStore, Store, VolumesLocalStore)
 
 S3_KEY, S3_SECRET, S3_REGION = "testing", "testing", "us-east-1"
 
@@ -253,6 +253,8 @@ def test_create_picks_the_implementation(tmp_path):
     assert type(Store.create("memory://x/y")) is FilesystemStore
     assert type(Store.create("dbfs:/ml/run")) is DBFSLocalStore
     assert type(Store.create("/dbfs/ml/run")) is DBFSLocalStore
+    assert type(Store.create("/Volumes/main/default/vol/run")) is VolumesLocalStore
+    assert type(Store.create("dbfs:/Volumes/main/default/vol/run")) is VolumesLocalStore
     rel = Store.create("relative/dir")
     assert rel.prefix_path == os.path.abspath("relative/dir")
 

@@ -2,9 +2,9 @@
 
 :class:`RemoteStore` is the picklable, run-bound view of a store that the driver hands to
 training workers (``Store.to_remote``), together with the picklable callables that
-``get_local_output_dir_fn`` and ``sync_fn`` return. They live apart from ``store.py`` so that
-module holds only the filesystem backends. This module does not import ``store.py`` at run
-time (it only calls a store's methods), so ``store.py`` can import from it without a cycle.
+``get_local_output_dir_fn`` and ``sync_fn`` return. It is the bottom of the store modules:
+it only calls a store's methods and imports none of them, not even for type hints, so
+``store_base`` and ``store_filesystem`` import from it and no circle closes.
 """
 
 import contextlib
@@ -12,12 +12,9 @@ import os
 import posixpath
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, ContextManager, List, Optional
+from typing import ContextManager, List, Optional
 
 import pyarrow.fs as pafs
-
-if TYPE_CHECKING:
-    from spark_dl.spark.common.store import Store
 
 
 class RemoteStore:
@@ -26,10 +23,11 @@ class RemoteStore:
     Attributes mirror Horovod's remote store: ``train_data_path``, ``val_data_path``,
     ``test_data_path``, ``data_metadata_path`` (None without a dataset index), ``runs_path``,
     ``run_path``, ``checkpoint_path``, ``logs_path`` (None without a run id or when the store
-    does not save runs), ``checkpoint_filename``, ``logs_subdir``, ``saving_runs``, ``store``.
+    does not save runs), ``checkpoint_filename``, ``logs_subdir``, ``saving_runs``, ``store``
+    (the :class:`~spark_dl.spark.common.store.Store` itself).
     """
 
-    def __init__(self, store: "Store", run_id: Optional[str] = None, dataset_idx=None):
+    def __init__(self, store, run_id: Optional[str] = None, dataset_idx=None):
         self.store = store
         self.run_id = run_id
         self.dataset_idx = dataset_idx
@@ -121,7 +119,7 @@ def _noop_sync(local_dir: str) -> None:
 
 
 class _Syncer:
-    def __init__(self, store: "Store", run_path: str):
+    def __init__(self, store, run_path: str):
         self.store = store
         self.run_path = run_path
         self.uploaded = {}  # local path -> (mtime_ns, size) at last upload
