@@ -83,6 +83,6 @@ echo "setup: building spark_dl (native core) in editable mode"
 # can reconfigure and rebuild there (an isolated build's tools are deleted after it).
 .venv/bin/python -m pip install -q -c constraints.txt "scikit-build-core>=0.10" "nanobind>=2.0"
 .venv/bin/python -m pip install -q -c constraints.txt --no-build-isolation \
-  -e ".[torch,spark,test,mpi,keras,lightning]"
+  -e ".[torch,spark,test,mpi,keras,lightning,notebook]"
 .venv/bin/python -c "import spark_dl._core as c; print('setup: spark_dl core built:', c.build_info())"
 inputs_hash > "$STAMP"

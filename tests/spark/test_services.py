@@ -413,6 +413,44 @@ class _FakeContext:
     def getAll(self):
         return list(self._conf.items())
 
+    @property
+    def sparkContext(self):  # the fake stands for a classic session too
+        return self
+
+
+class _FakeConnectConf:
+    def __init__(self, conf):
+        self._conf = conf
+
+    def get(self, key, default=None):
+        return self._conf.get(key, default)
+
+    @property
+    def getAll(self):
+        return dict(self._conf)
+
+
+_FakeConnectSession = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})
+
+
+def _connect_session(master, conf):
+    session = _FakeConnectSession()
+    session.conf = _FakeConnectConf({"spark.master": master, **conf})
+    return session
+
+
+def test_slot_check_under_connect_uses_the_configuration():
+    from spark_dl.spark.launch.driver.slots import check_slots
+    from spark_dl.spark.launch.errors import NotEnoughSlotsError
+
+    cluster = {"spark.executor.instances": "2", "spark.executor.cores": "2"}
+    with pytest.raises(NotEnoughSlotsError, match="exceeds the 4 task slots .* configured"):
+        check_slots(_connect_session("spark://m:7077", cluster), 5, wait_s=30)
+    with pytest.raises(NotEnoughSlotsError, match="exceeds the 2 task slots"):
+        check_slots(_connect_session("local[2]", {}), 3, wait_s=30)
+    check_slots(_connect_session("spark://m:7077", cluster), 4, wait_s=30)
+    check_slots(_connect_session("", {}), 64, wait_s=30)  # serverless: nothing said
+
 
 def test_slot_check_fails_fast_or_waits_for_promised_executors():
     from spark_dl.spark.launch.driver.slots import check_slots

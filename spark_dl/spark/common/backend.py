@@ -38,8 +38,8 @@ class SparkBackend(Backend):
     """Runs the function on Spark-hosted workers with :func:`spark_dl.spark.run`.
 
     Args:
-        num_proc: number of workers (default: the SparkContext's default parallelism,
-            read when first needed).
+        num_proc: number of workers (default: the session's default parallelism, read
+            when first needed).
         env: variables set in every worker.
         stdout, stderr: default streams for the workers' output (an estimator passes its
             own, which show progress).
@@ -69,51 +69,56 @@ class SparkBackend(Backend):
         state["_stdout"] = state["_stderr"] = None
         return state
 
-    def run(self, fn, args=(), kwargs=None, env=None, stdout=None, stderr=None):
+    def run(self, fn, args=(), kwargs=None, env=None, stdout=None, stderr=None,
+            output_spool=None):
+        """See :meth:`Backend.run`; ``output_spool``: where the job's coordinating task
+        writes the workers' output when it cannot reach this process (see
+        :func:`spark_dl.spark.run`)."""
         from spark_dl.spark.launch.spark_run import run
 
         merged = dict(self._env)
         merged.update(env or {})
         return run(fn, args=args, kwargs=kwargs, num_proc=self.num_processes(), env=merged,
                    stdout=stdout or self._stdout, stderr=stderr or self._stderr,
-                   **self._options)
+                   output_spool=output_spool, **self._options)
 
     def check_capacity(self) -> None:
         """Raises ``NotEnoughSlotsError`` at once when the Spark application cannot run
         :meth:`num_processes` tasks together (an estimator calls it before preparing data;
-        it waits up to the start timeout for executors that are still registering)."""
-        from pyspark import SparkContext
-
+        it waits up to the start timeout for executors that are still registering), and
+        ``RuntimeError`` for a session on Spark older than 3.5 (classic or Connect)."""
         from spark_dl.spark.launch.driver.slots import check_slots
+        from spark_dl.spark.launch.session import active_session, check_server_version
         from spark_dl.spark.launch.spark_run import _start_timeout
 
-        sc = SparkContext._active_spark_context
-        if sc is not None:
-            check_slots(sc, self.num_processes(),
-                        wait_s=_start_timeout(self._options["start_timeout"]))
+        spark = active_session()
+        check_server_version(spark)
+        check_slots(spark, self.num_processes(),
+                    wait_s=_start_timeout(self._options["start_timeout"]))
 
     def num_processes(self) -> int:
         if self._num_proc is None:
-            from pyspark import SparkContext
+            from spark_dl.spark.launch.session import active_session, spark_context
+            from spark_dl.spark.launch.spark_run import _default_num_proc
 
-            sc = SparkContext._active_spark_context
-            if sc is None:
-                raise RuntimeError("SparkBackend needs an active SparkContext to choose "
-                                   "num_proc: create a SparkSession or pass num_proc")
-            self._num_proc = sc.defaultParallelism
+            spark = active_session()
+            self._num_proc = _default_num_proc(spark, spark_context(spark))
         return self._num_proc
 
 
 def run_on_backend(backend, fn: Callable, args: Sequence, env: Mapping[str, str],
-                   stdout: TextIO, stderr: TextIO) -> List[Any]:
-    """``backend.run(...)``, passing the streams only if its ``run`` accepts them."""
+                   stdout: TextIO, stderr: TextIO, output_spool=None) -> List[Any]:
+    """``backend.run(...)``, passing the streams (and the output spool) only if its
+    ``run`` accepts them."""
     try:
         accepted = inspect.signature(backend.run).parameters
-        takes_streams = ("stdout" in accepted and "stderr" in accepted) or any(
-            p.kind == inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+        any_keyword = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+        takes_streams = ("stdout" in accepted and "stderr" in accepted) or any_keyword
+        takes_spool = "output_spool" in accepted or any_keyword
     except (TypeError, ValueError):
-        takes_streams = False
+        takes_streams = takes_spool = False
+    extra = {"output_spool": output_spool} if takes_spool and output_spool is not None else {}
     if takes_streams:
         return backend.run(fn, args=args, kwargs={}, env=dict(env), stdout=stdout,
-                           stderr=stderr)
+                           stderr=stderr, **extra)
     return backend.run(fn, args=args, kwargs={}, env=dict(env))

@@ -33,7 +33,7 @@ __all__ = ["check_executor_python", "check_executor_python_for_session", "PROBE_
 
 #: What the probe imports on the executors: the barrier task's code, the pickler of the
 #: function, and the native core every worker's ``init()`` loads.
-PROBE_MODULES = ("spark_dl.spark.launch.task.main", "cloudpickle", "spark_dl._core")
+PROBE_MODULES = ("spark_dl.spark.launch.barrier", "cloudpickle", "spark_dl._core")
 
 # The probe function is compiled from source in a namespace that is no importable module,
 # so that cloudpickle ships it by value: loading it on the executor needs no spark_dl.
@@ -160,27 +160,114 @@ def check_executor_python(sc, timeout: float = 120.0) -> None:
         if key in _checked:
             return
     rows, error = _run_probe(sc, _executor_count(sc), timeout)
+    _judge(rows, error, python)
+    if rows is None:
+        return  # timed out: not known to be wrong
+    with _lock:
+        _checked.add(key)
+
+
+# The same probe as a mapInArrow function (Spark Connect has no RDDs).
+_ARROW_PROBE_SOURCE = _PROBE_SOURCE + '''
+
+def arrow_probe(batches):
+    import pyarrow as pa
+    for _ in batches:
+        pass
+    for host, exe, version, problem in probe(None):
+        yield pa.RecordBatch.from_pydict({"host": [host], "python": [exe],
+                                          "version": [version], "problem": [problem]},
+                                         schema=SCHEMA)
+'''
+
+
+def _arrow_probe_function():
+    import pyarrow as pa
+
+    schema = pa.schema([("host", pa.string()), ("python", pa.string()),
+                        ("version", pa.string()), ("problem", pa.string())])
+    namespace = {"__name__": "spark_dl_executor_probe", "MODULES": PROBE_MODULES,
+                 "SCHEMA": schema}
+    exec(compile(_ARROW_PROBE_SOURCE, "<spark_dl executor probe>", "exec"), namespace)
+    return namespace["arrow_probe"]
+
+
+def _run_connect_probe(spark, tasks: int, timeout: float):
+    """:func:`_run_probe` through the DataFrame API (a Spark Connect session)."""
+    tag = f"spark_dl-probe-{secrets.token_hex(4)}"
+    outcome: dict = {}
+    done = threading.Event()
+    probe = _arrow_probe_function()
+
+    def job():
+        try:
+            spark.addTag(tag)
+            df = spark.range(0, tasks, 1, tasks).mapInArrow(
+                probe, "host string, python string, version string, problem string")
+            outcome["rows"] = [tuple(r) for r in df.collect()]
+        except BaseException as exc:  # reported to the caller
+            outcome["error"] = exc
+        finally:
+            try:
+                spark.removeTag(tag)
+            except Exception:
+                pass
+            done.set()
+
+    threading.Thread(target=job, name="sdl-executor-probe", daemon=True).start()
+    if not done.wait(timeout):
+        try:
+            spark.interruptTag(tag)
+        except Exception:
+            pass
+        return None, None
+    return outcome.get("rows"), outcome.get("error")
+
+
+def _check_connect(spark, timeout: float, tasks: int) -> None:
+    """The check for a Spark Connect session: the executors' Python is the server's
+    choice (PYSPARK_PYTHON where it started, or spark.pyspark.python), unknown here."""
+    from spark_dl.spark.launch.network import is_local_master
+    from spark_dl.spark.launch.session import conf_get, master_of
+
+    python = conf_get(spark, "spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") \
+        or "python3"
+    if is_local_master(master_of(spark)) and _same_interpreter(python):
+        return  # a server in this process (builder.remote("local[N]")) with our Python
+    key = (getattr(spark, "session_id", None) or id(spark), python)
+    with _lock:
+        if key in _checked:
+            return
+    rows, error = _run_connect_probe(spark, max(1, tasks), timeout)
+    _judge(rows, error, python)
+    with _lock:
+        _checked.add(key)
+
+
+def _judge(rows, error, python: str) -> None:
+    """Raises ExecutorPythonError for a probe that failed or found a bad Python."""
     if error is not None:
         raise ExecutorPythonError(
             f"the Spark executors could not run a Python task with {python!r}: "
             f"{_cause(error)}\n{_advice(python)}", python=python) from None
     if rows is None:
         return  # timed out: not known to be wrong
-    bad = sorted({row for row in rows if row[3] is not None})
+    bad = sorted({tuple(row) for row in rows if row[3] is not None})
     if bad:
         where: List[str] = [f"on {host}: {exe} (Python {version}) raised {problem}"
                             for host, exe, version, problem in bad]
         raise ExecutorPythonError(
             "the Spark executors' Python cannot run spark_dl:\n  " + "\n  ".join(where)
             + "\n" + _advice(bad[0][1]), python=bad[0][1])
-    with _lock:
-        _checked.add(key)
 
 
-def check_executor_python_for_session(spark, timeout: float = 120.0) -> None:
-    """:func:`check_executor_python` for a SparkSession (nothing for Spark Connect, which
-    has no SparkContext here)."""
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
+def check_executor_python_for_session(spark, timeout: float = 120.0, tasks: int = 1) -> None:
+    """:func:`check_executor_python` for a SparkSession, classic or Spark Connect (where
+    the probe is a ``mapInArrow`` of ``tasks`` tasks, once per session and Python)."""
+    from spark_dl.spark.launch.session import is_connect
+
+    if is_connect(spark):
+        _check_connect(spark, timeout, tasks)
         return
     sc = getattr(spark, "sparkContext", None)
     if sc is not None:

@@ -4,6 +4,12 @@
   without ``nics``, the address Spark's own driver uses (``spark.driver.bindAddress`` /
   ``spark.driver.host``, which the executors already reach), or 127.0.0.1 when the
   master is ``local``/``local-cluster`` (everything on this machine).
+- The caller's output link (:mod:`~spark_dl.spark.launch.link`) binds like the driver's
+  services in a classic session; under Spark Connect, 127.0.0.1 when the master is local,
+  else the ``nics`` interfaces or this machine's address on the route to the Connect
+  server (which the executors may or may not reach: the link is optional).
+- Task 0's services (the job's coordinator) bind the ``nics`` interfaces, 127.0.0.1 on
+  local masters, else the executor's address as Spark knows it.
 - A task service binds the ``nics`` interfaces of its executor; without ``nics``, its
   executor's address on the route to the driver (the address the driver reaches it by).
 - Tasks whose :func:`host_hash` is equal run on one host and may share memory
@@ -22,7 +28,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from spark_dl.runner.gloo_run import route_address
 
 __all__ = ["host_hash", "interface_addresses", "driver_addresses", "task_bind_addresses",
-           "is_local_master"]
+           "is_local_master", "caller_addresses"]
 
 _SIOCGIFADDR = 0x8915
 
@@ -119,3 +125,31 @@ def task_bind_addresses(driver_hosts: Sequence[str],
     if nics:
         return interface_addresses(nics)
     return [route_address(driver_hosts[0])]
+
+
+def _connect_server_host(spark) -> Optional[str]:
+    """The host of a Spark Connect session's server, when the client says."""
+    try:
+        builder = spark.client._builder
+        host = builder.host
+        return str(host) if host else None
+    except Exception:
+        return None
+
+
+def caller_addresses(spark, master: str,
+                     nics: Optional[Sequence[str]]) -> Tuple[List[str], List[str]]:
+    """(addresses to bind, addresses to advertise) of the caller's output link: see the
+    module doc. Empty when no address can be chosen (the link is then left out)."""
+    from spark_dl.spark.launch.session import conf_get, is_connect
+
+    if not is_connect(spark):
+        return driver_addresses(lambda key: conf_get(spark, key), master, nics)
+    if nics:
+        addresses = interface_addresses(nics)
+    elif is_local_master(master):
+        addresses = ["127.0.0.1"]
+    else:
+        host = _connect_server_host(spark)
+        addresses = [route_address(_resolve(host))] if host else []
+    return addresses, addresses

@@ -1,17 +1,24 @@
 """``spark_dl.spark.run``: run a function on ``num_proc`` workers hosted by Spark executors.
 
-The flow (see ``docs/spark.md``):
+The flow (see ``docs/spark.md``), the same for classic and Spark Connect sessions:
 
-1. Check that the cluster can run ``num_proc`` tasks at once (fail fast otherwise).
-2. Start the driver service and the rendezvous server (fresh secret per job).
-3. Submit one barrier-mode Spark job of ``num_proc`` tasks; each starts a task service
-   and registers (index, host, endpoints, GPUs).
-4. Assign ranks grouped by host; the launcher starts the workers through the task
-   services (Gloo: one per task; MPI: ``mpirun`` on the driver, one ``orted`` per host
-   started through a task service); workers fetch the function, run it and post results
-   or exceptions.
-5. Return the results ordered by rank; on any failure stop every worker, cancel the
-   Spark job and raise, naming the rank and carrying its traceback.
+1. Check, in the caller, what can be checked before any job: the function pickles, the
+   session (Spark >= 3.5), the slots the cluster has for ``num_proc`` barrier tasks, the
+   executors' Python (one small job, where it is not known already).
+2. Submit one barrier ``mapInArrow`` of ``num_proc`` tasks (:mod:`~spark_dl.spark.launch.
+   barrier`). Task 0 coordinates (:mod:`~spark_dl.spark.launch.coordinator`): it runs the
+   driver service and the rendezvous server (fresh secret per job), the tasks register,
+   ranks are assigned by host, the launcher starts the workers (Gloo: one per task; MPI:
+   ``mpirun`` in task 0, one ``orted`` per host through a task service); workers fetch the
+   function, run it and post results or exceptions to task 0.
+3. Meanwhile the workers' output reaches the caller live where the executors can connect
+   to it, else through the Store or at the end (:mod:`~spark_dl.spark.launch.link`).
+4. Task 0 returns the results ordered by rank as the job's rows, or the failure: then
+   every worker was stopped and ``run`` raises, naming the rank, its host and carrying its
+   traceback.
+
+Nothing connects from the executors to the caller unless it can, so this works from a
+Spark Connect client (Databricks notebooks, ``SparkSession.builder.remote(...)``).
 """
 
 from __future__ import annotations
@@ -26,33 +33,35 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
 from spark_dl.config import knobs
 from spark_dl.rendezvous.secret import make_secret
-from spark_dl.runner.kvstore import KVStoreServer
-from spark_dl.spark.launch import pickling
-from spark_dl.spark.launch.driver.job import SparkJob
-from spark_dl.spark.launch.driver.plan import plan_ranks
-from spark_dl.spark.launch.driver.report import failure_report
-from spark_dl.spark.launch.driver.service import DriverService, Failure
+from spark_dl.spark.launch import pickling, rows
+from spark_dl.spark.launch.barrier import BarrierJob, BarrierMain, summarize
+from spark_dl.spark.launch.coordinator import JobSettings
 from spark_dl.spark.launch.driver.slots import check_slots
-from spark_dl.spark.launch.errors import RunError, WorkerFailedError
-from spark_dl.spark.launch.executor_probe import check_executor_python
-from spark_dl.spark.launch.launcher import GlooLauncher, Launcher, LaunchContext
-from spark_dl.spark.launch.network import driver_addresses
-from spark_dl.spark.launch.service import ServiceClient, log_to_stderr
-from spark_dl.spark.launch.task.main import TaskMain, TaskSettings
+from spark_dl.spark.launch.errors import (ExecutorPythonError, MpiNotBuiltError,
+                                          NotEnoughSlotsError, RunError, StartTimeoutError,
+                                          WorkerFailedError)
+from spark_dl.spark.launch.executor_probe import check_executor_python_for_session
+from spark_dl.spark.launch.launcher import GlooLauncher, Launcher
+from spark_dl.spark.launch.link import CallerLink, Spool, SpoolFollower
+from spark_dl.spark.launch.network import caller_addresses, is_local_master
+from spark_dl.spark.launch.session import (active_session, check_server_version, conf_get,
+                                           conf_of, is_connect, master_of, spark_context)
 
 __all__ = ["run", "select_launcher", "PHASES"]
 
 #: The phases of one run, in order, as logged (see :class:`_Phases`).
-PHASES = ("checked", "probed", "services", "submitted", "registered", "launched", "code_fetched",
-          "results", "exited", "job_ended", "returned")
+PHASES = ("checked", "probed", "submitted", "services", "registered", "launched",
+          "code_fetched", "results", "exited", "job_ended", "returned")
 _log = logging.getLogger("spark_dl.spark.run")
 
 KILL_GRACE_S = 3.0
-# Bounds of the clean-up after a failure: stop the workers, then the Spark job.
-_STOP_WAIT_S = KILL_GRACE_S + 4.0
+# After a failure seen by the caller (start timeout, interrupt): the Spark job's end.
 _CANCEL_WAIT_S = 10.0
-# After success: workers exit right after posting their results.
-_FINISH_WAIT_S = 30.0
+# Spark Connect's default bound on one request (spark.connect.grpc.maxInboundMessageSize):
+# the job's plan carries the pickled function.
+_CONNECT_MAX_MESSAGE = 128 << 20
+_ERRORS = {cls.__name__: cls for cls in (RunError, WorkerFailedError, NotEnoughSlotsError,
+                                         StartTimeoutError, ExecutorPythonError)}
 
 
 def select_launcher(use_mpi: Optional[bool], use_gloo: Optional[bool],
@@ -87,34 +96,71 @@ def _start_timeout(value: Optional[float]) -> float:
     return float(value)
 
 
-def _spark_context():
-    from pyspark import SparkContext
+def _launcher_name(use_mpi: Optional[bool], use_gloo: Optional[bool], extra_mpi_args,
+                   local: bool) -> str:
+    """``gloo`` or ``mpi``, checked here as far as the caller can: on a local master the
+    executors share this machine, so MPI's presence is checked here too; elsewhere task 0
+    checks its executor's ``mpirun`` (an error names it)."""
+    if local:
+        return select_launcher(use_mpi, use_gloo, extra_mpi_args).name
+    if use_mpi and use_gloo:
+        raise ValueError("use_mpi and use_gloo are mutually exclusive")
+    if use_mpi or (use_gloo is False and use_mpi is None):
+        from spark_dl.spark.launch.mpi_launcher import spark_mpi_args
 
-    sc = SparkContext._active_spark_context
-    if sc is None:
-        raise RuntimeError("spark_dl.spark.run needs an active SparkContext (create a "
-                           "SparkSession first); Spark Connect sessions have no "
-                           "SparkContext and cannot host the workers")
-    from spark_dl.spark.launch.executor_python import use_driver_python
+        spark_mpi_args(extra_mpi_args)  # refuses bad flags before anything starts
+        return "mpi"
+    return select_launcher(use_mpi, use_gloo, extra_mpi_args).name
 
-    use_driver_python(sc)
-    return sc
+
+def _default_num_proc(spark, sc) -> int:
+    if sc is not None:
+        return sc.defaultParallelism
+    from spark_dl.spark.launch.driver.slots import configured_slots
+
+    value = conf_get(spark, "spark.default.parallelism")
+    if value:
+        return int(value)
+    slots = configured_slots(master_of(spark), conf_of(spark))
+    if slots:
+        return slots
+    raise ValueError("num_proc is not set and this Spark Connect session does not say how "
+                     "many task slots its cluster has: pass num_proc")
+
+
+def _check_code_size(spark, code: bytes) -> None:
+    """Under Spark Connect the job's plan carries the pickled function; one request is
+    bounded by the server (128 MiB by default): say so before submitting."""
+    limit = _CONNECT_MAX_MESSAGE
+    try:
+        limit = int(conf_get(spark, "spark.connect.grpc.maxInboundMessageSize") or limit)
+    except ValueError:
+        pass
+    # The plan holds the function once, plus a little of its own.
+    if len(code) > limit - (1 << 20):
+        raise ValueError(
+            f"the function and its arguments pickle to {len(code) / 2**20:.1f} MiB, more "
+            f"than a Spark Connect request carries ({limit / 2**20:.0f} MiB: the server's "
+            "spark.connect.grpc.maxInboundMessageSize): pass large objects (a model, data) "
+            "through storage both sides reach (e.g. a Store path) and load them in the "
+            "function, or raise that limit on the server")
 
 
 class _Phases:
     """Where the seconds of one run go: when each phase ended, in seconds from the call.
 
-    ``checked`` (function pickled, context and slots checked), ``probed`` (the executors'
+    ``checked`` (function pickled, session and slots checked), ``probed`` (the executors'
     Python checked: :mod:`~spark_dl.spark.launch.executor_probe`; no job on local masters
-    running this interpreter, nor after a check that passed), ``services`` (driver
-    service and rendezvous server up), ``submitted`` (barrier job handed to Spark),
-    ``registered`` (every task service registered: Spark scheduled the tasks and their
-    Python workers started), ``launched`` (every task service started its worker
-    process), ``code_fetched`` (every worker process was up and fetched the function),
-    ``results`` (every rank posted its result), ``exited`` (every worker's exit was
-    reported), ``job_ended`` (the Spark job finished), ``returned`` (run returns).
+    running this interpreter, nor after a check that passed), ``submitted`` (barrier job
+    handed to Spark), ``services`` (task 0 runs: its driver service and rendezvous server
+    are up), ``registered`` (every task service registered: Spark scheduled the tasks and
+    their Python workers started), ``launched`` (every worker process started),
+    ``code_fetched`` (every worker process was up and fetched the function), ``results``
+    (every rank posted its result), ``exited`` (every worker's exit was reported),
+    ``job_ended`` (the Spark job finished: its rows are here), ``returned`` (run returns).
+    Task 0's phases are wall-clock times on its executor, as exact as the clocks agree.
 
-    At the end of every run that started its services (failed ones too) they go to the
+    At the end of every run that submitted its job (failed ones too) they go to the
     ``spark_dl.spark.run`` logger as one DEBUG record whose ``phases`` attribute is the
     dict, and with ``verbose >= 2`` to the run's stderr: a benchmark or a user asking
     "where did the seconds go" reads them without a setting.
@@ -122,16 +168,16 @@ class _Phases:
 
     def __init__(self):
         self.start = time.monotonic()
+        self.wall_start = time.time()
         self.marks: dict = {}
 
     def mark(self, name: str, at: Optional[float] = None) -> None:
         self.marks[name] = round((time.monotonic() if at is None else at) - self.start, 4)
 
-    def report(self, out: "_Output", verbose: int, driver: Optional["DriverService"],
+    def report(self, out: "_Output", verbose: int, wall_times: Mapping[str, float],
                job_id: str) -> dict:
-        if driver is not None:
-            for name, at in driver.times().items():
-                self.mark(name, at)
+        for name, at in wall_times.items():
+            self.marks[name] = round(at - self.wall_start, 4)
         self.mark("returned")
         phases = {k: self.marks[k] for k in PHASES if k in self.marks}
         text = " ".join(f"{k}={v:.3f}" for k, v in phases.items())
@@ -168,33 +214,46 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         stderr: Optional[TextIO] = None, verbose: int = 1,
         nics: Optional[Sequence[str]] = None, use_mpi: Optional[bool] = None,
         use_gloo: Optional[bool] = None, extra_mpi_args: Optional[str] = None,
-        prefix_output_with_timestamp: bool = False) -> List[Any]:
+        prefix_output_with_timestamp: bool = False,
+        output_spool: Optional[Spool] = None) -> List[Any]:
     """Runs ``fn(*args, **kwargs)`` on ``num_proc`` workers inside Spark executors.
 
     Each worker is a fresh Python process started by a barrier-mode Spark task, with the
     rank environment ``spark_dl``'s ``init()`` reads, so ``fn`` may call
     ``spark_dl.numpy.init()`` (or a framework's) and use collectives across workers.
+    Works from classic sessions and from Spark Connect clients alike: the job is
+    coordinated by its own task 0, and nothing connects back to this process unless it
+    can (see ``output_spool``).
 
     Args:
         fn: the function; pickled with cloudpickle (closures and lambdas work). One that
             cannot be pickled raises a TypeError naming the path to the part that fails
             (e.g. ``state.lock``: a closure variable holding a lock).
         args, kwargs: its arguments.
-        num_proc: number of workers (default: ``SparkContext.defaultParallelism``).
+        num_proc: number of workers (default: ``SparkContext.defaultParallelism``; under
+            Spark Connect ``spark.default.parallelism`` or the slots the master names).
         start_timeout: seconds the Spark tasks may take to start and register (default:
             ``SDL_SPARK_START_TIMEOUT`` or ``HOROVOD_SPARK_START_TIMEOUT``, else 600).
         env: variables set in every worker, on top of its executor's environment.
         stdout, stderr: text streams receiving the workers' output, each line prefixed
             with ``[rank]<stdout>:`` (default: this process's streams).
         verbose: 0 quiet, 1 warnings, 2 job progress and supervision messages.
-        nics: network interfaces the services bind to (driver and executors), e.g.
-            ``["eth0"]``; default: the address Spark's driver uses, and each executor's
-            address on the route to it.
+        nics: network interfaces the services bind to (the caller's and the executors'),
+            e.g. ``["eth0"]``; default: task 0's executor address as Spark knows it, each
+            other executor's address on the route to it, and for the caller's output
+            link the address Spark's driver uses (or the one on the route to the Spark
+            Connect server).
         use_mpi, use_gloo: the controller: Gloo by default; ``use_mpi=True`` (or
-            ``use_gloo=False``) launches through Open MPI's ``mpirun`` on the driver
-            (:mod:`spark_dl.spark.launch.mpi_launcher`).
+            ``use_gloo=False``) launches through Open MPI's ``mpirun`` in task 0's
+            executor (:mod:`spark_dl.spark.launch.mpi_launcher`).
         extra_mpi_args: extra ``mpirun`` arguments (MPI only; ignored with a warning).
         prefix_output_with_timestamp: put a timestamp before every forwarded line.
+        output_spool: where task 0 writes the workers' output when it cannot connect to
+            this process (a Spark Connect client the cluster cannot reach, or
+            ``SDL_SPARK_CALLER_LINK=off``); this process follows it while the job runs.
+            The estimators pass a folder of the run in their Store. Without one, such
+            output arrives when the job ends (the last 8 MiB; the executor log of task 0
+            has it all).
 
     Returns:
         The values ``fn`` returned, as a list ordered by rank.
@@ -203,158 +262,154 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         WorkerFailedError: a worker raised or died; names the rank, carries its
             traceback; the other workers were stopped and the Spark job cancelled.
         NotEnoughSlotsError: the cluster cannot run ``num_proc`` tasks at once.
-        MpiNotBuiltError: ``use_mpi=True`` without Open MPI's ``mpirun`` on the driver,
-            or with a spark_dl build without MPI.
-        StartTimeoutError: tasks did not register within ``start_timeout``.
+        MpiNotBuiltError: ``use_mpi=True`` without Open MPI's ``mpirun`` (on this machine
+            for local masters, else in task 0's executor), or with a spark_dl build
+            without MPI.
+        StartTimeoutError: tasks did not register within ``start_timeout`` (or, where
+            this process is sure to hear from task 0, Spark did not start the job).
         ExecutorPythonError: the executors' Python cannot import spark_dl (checked by a
             small job before the barrier job, where the executors may not run this
             interpreter); names their Python and what to set.
-        RunError: the job could not start for another reason.
+        RunError: the job could not start for another reason, or the Spark job failed
+            (an executor lost): its error, summarized.
+        RuntimeError: no active SparkSession, or one on Spark older than 3.5.
     """
     phases = _Phases()
-    launcher = select_launcher(use_mpi, use_gloo, extra_mpi_args)
     # Before any work: a function that cannot travel is named with what holds it back.
     code = pickling.dumps_call(fn, tuple(args), dict(kwargs or {}), "spark_dl.spark.run")
-    sc = _spark_context()
-    num_proc = sc.defaultParallelism if num_proc is None else int(num_proc)
+    spark = active_session()
+    check_server_version(spark)
+    sc = spark_context(spark)
+    master = master_of(spark)
+    local = is_local_master(master)
+    launcher = _launcher_name(use_mpi, use_gloo, extra_mpi_args, local)
+    if sc is not None:
+        from spark_dl.spark.launch.executor_python import use_driver_python
+
+        use_driver_python(sc)
+    else:
+        _check_code_size(spark, code)
+    num_proc = _default_num_proc(spark, sc) if num_proc is None else int(num_proc)
     if num_proc < 1:
         raise ValueError(f"num_proc must be at least 1, got {num_proc}")
     timeout = _start_timeout(start_timeout)
-    check_slots(sc, num_proc, wait_s=timeout)
+    check_slots(spark, num_proc, wait_s=timeout)
     phases.mark("checked")
     # Executors whose Python lacks spark_dl: one clear error now, not a page of traces
     # from the barrier job (no job on local masters running this interpreter).
-    check_executor_python(sc, timeout)
+    check_executor_python_for_session(spark, timeout, num_proc)
     phases.mark("probed")
     out = _Output(stdout, stderr)
     job_id = secrets.token_hex(8)
     secret = make_secret()
-    bind, advertised = driver_addresses(sc.getConf().get, sc.master, nics)
-    log = log_to_stderr("spark_dl driver") if verbose >= 2 else None
-    driver = DriverService(secret, num_proc, code, bind, out.write, log=log,
-                           pickler=pickling.describe())
-    kv = KVStoreServer(secret, host=bind[0])
+    link, advertised = None, []
+    if knobs.value("spark_caller_link") != "off":
+        bind, advertised = caller_addresses(spark, master, nics)
+        if bind:
+            link = CallerLink(secret, bind, out.write)
+    wall_times: Mapping[str, float] = {}
     try:
-        driver.start()
-        kv_port = kv.start()
-        phases.mark("services")
-        endpoints = [(host, port) for host, (_, port) in zip(advertised, driver.server.endpoints)]
-        settings = TaskSettings(job_id, secret, endpoints, timeout, nics=list(nics or []) or None,
-                                verbose=verbose, prefix_timestamp=prefix_output_with_timestamp,
-                                kill_grace=KILL_GRACE_S)
-        job = SparkJob(sc, num_proc, TaskMain(settings), f"spark_dl-run-{job_id}",
-                       f"spark_dl.spark.run: {num_proc} workers of {getattr(fn, '__name__', fn)}")
+        caller = None
+        if link is not None:
+            caller = [(host, port) for host, (_, port) in zip(advertised, link.start())]
+        settings = JobSettings(job_id, secret, num_proc, code, pickling.describe(), timeout,
+                               dict(env or {}), verbose, list(nics or []) or None,
+                               prefix_output_with_timestamp, KILL_GRACE_S, launcher,
+                               extra_mpi_args, local, caller, output_spool)
+        job = BarrierJob(spark, num_proc, BarrierMain(settings), f"spark_dl-run-{job_id}",
+                         f"spark_dl.spark.run: {num_proc} workers of "
+                         f"{getattr(fn, '__name__', fn)}")
         if verbose >= 2:
-            out.log(f"job {job_id}: {num_proc} workers ({launcher.name}), driver service at "
-                    f"{endpoints}, rendezvous at {advertised[0]}:{kv_port}")
+            out.log(f"job {job_id}: {num_proc} workers ({launcher}) in a barrier job of "
+                    f"{'a Spark Connect' if sc is None else 'this'} session; output link "
+                    f"{caller or 'off'}, spool {output_spool!r}")
         job.start()
         phases.mark("submitted")
-        return _Run(driver, job, launcher, out, verbose, job_id, phases).execute(
-            LaunchContext(job_id, secret, [], endpoints, (advertised[0], kv_port), timeout,
-                          dict(env or {}), {}, driver=driver, write_output=out.write,
-                          prefix_timestamp=prefix_output_with_timestamp, verbose=verbose,
-                          nics=list(nics or []) or None, kill_grace=KILL_GRACE_S))
+        # Task 0 makes contact at once where this process is sure to hear of it: only
+        # then can a start that never comes be told from one that cannot reach us.
+        follower = SpoolFollower(output_spool, out.write) if output_spool is not None else None
+        sure = follower is not None or (link is not None and local)
+        outcome = _wait(job, link, follower, out, timeout if sure else None, job_id)
+        phases.mark("job_ended")
+        wall_times = outcome.phases
+        return _results(outcome, job_id, out, num_proc)
     finally:
-        # The rendezvous server's stop waits for its serve loop's next poll (up to
-        # 0.1 s): overlapped with the driver service's stop, which returns at once.
-        stopper = threading.Thread(target=kv.stop, name="sdl-kvstore-stop", daemon=True)
-        stopper.start()
-        driver.stop()
-        stopper.join()
-        phases.report(out, verbose, driver, job_id)
+        if link is not None:
+            link.stop()
+        phases.report(out, verbose, wall_times, job_id)
 
 
-class _Run:
-    """The driver thread's part of one job, from registration to the clean-up."""
+def _wait(job: BarrierJob, link: Optional[CallerLink], follower: Optional[SpoolFollower],
+          out: "_Output", start_timeout: Optional[float], job_id: str) -> rows.Outcome:
+    """Waits for the job's rows, following the spool; cancels the job on a start
+    timeout or an interrupt."""
+    start = time.monotonic()
+    # The job's tasks take a while to start in Spark after task 0 is scheduled.
+    grace = 60.0
+    try:
+        while not job.join(0.25):
+            if follower is not None:
+                follower.poll()
+            started = (link is not None and link.contacted.is_set()) or (
+                follower is not None and follower.started)
+            if start_timeout is not None and not started and \
+                    time.monotonic() - start > start_timeout + grace:
+                job.cancel()
+                job.join(_CANCEL_WAIT_S)
+                raise StartTimeoutError(
+                    f"Spark did not start the job's {job._num_proc} barrier tasks within "
+                    f"{start_timeout + grace:g} s (start_timeout plus {grace:g} s): a barrier "
+                    "stage waits until all its slots are free at once; free the cluster or "
+                    "lower num_proc", job_id)
+    except BaseException:
+        job.cancel()
+        job.join(_CANCEL_WAIT_S)
+        raise
+    if follower is not None:
+        follower.poll()
+    if job.error is not None:
+        raise RunError("the Spark job hosting the workers failed: " + summarize(job.error),
+                       job_id) from None
+    return rows.decode(job.rows or [])
 
-    def __init__(self, driver: DriverService, job: SparkJob, launcher: Launcher, out: _Output,
-                 verbose: int, job_id: str, phases: _Phases):
-        self.phases = phases
-        self.driver = driver
-        self.job = job
-        self.launcher = launcher
-        self.out = out
-        self.verbose = verbose
-        self.job_id = job_id
 
-    def execute(self, ctx: LaunchContext) -> List[Any]:
-        ok = False
-        try:
-            results = self._run(ctx)
-            ok = True
-            return results
-        finally:
-            if not ok:
-                self._stop(ctx)
-            for client in ctx.tasks.values():
-                client.close()
+def _results(outcome: rows.Outcome, job_id: str, out: "_Output", num_proc: int) -> List[Any]:
+    """The results by rank, or the job's error raised."""
+    for stream, data in outcome.output:
+        out.write(stream, data)
+    if outcome.error is not None:
+        raise _rebuild_error(outcome.error, outcome.cause, job_id)
+    for report in outcome.task_reports:
+        out.log(f"task {report.get('index')} on {report.get('host')} failed:\n"
+                f"{report.get('traceback', '')}")
+    missing = [r for r in range(num_proc) if r not in outcome.results]
+    if missing:
+        raise RunError(f"the Spark job hosting the workers ended without the results of "
+                       f"ranks {missing} (see the executor log of task 0)", job_id)
+    loads = pickling.pickler().loads
+    return [loads(outcome.results[r]) for r in range(num_proc)]
 
-    def _run(self, ctx: LaunchContext) -> List[Any]:
-        advice = (f"Check that the executors can reach the driver service at "
-                  f"{ctx.driver_endpoints} (firewalls; choose interfaces with nics=), that "
-                  "spark_dl is installed on the executors, and the executor logs of those "
-                  "tasks; a barrier stage also waits until all its slots are free.")
-        try:
-            regs = self.driver.wait_for_registrations(ctx.start_timeout, self.job.problem,
-                                                      advice)
-        except RunError as exc:
-            exc.job_id = self.job_id
-            raise
-        except RuntimeError as exc:
-            raise RunError(f"the workers could not start: {exc}", self.job_id) from None
-        ctx.placements = plan_ranks(regs)
-        ctx.tasks = {r.index: ServiceClient("task", ctx.secret, r.endpoints, timeout=30.0)
-                     for r in regs}
-        self.driver.set_ranks({p.task.index: p.rank for p in ctx.placements})
-        if self.verbose >= 2:
-            for p in ctx.placements:
-                self.out.log(f"rank {p.rank} (local {p.slot.local_rank}/{p.slot.local_size}) "
-                             f"-> task {p.task.index} on {p.task.hostname} "
-                             f"{p.task.endpoints} gpus={p.task.gpus}")
-        self.launcher.start(ctx)
-        self.phases.mark("launched")
-        failures = self.driver.wait_for_outcome(self.job.problem)
-        if failures:
-            raise self._error(failures)
-        blobs = self.driver.results()
-        ranks = [p.rank for p in ctx.placements]
-        if self.driver.wait_for_exits(ranks, _FINISH_WAIT_S) or not self.job.join(_FINISH_WAIT_S):
-            self.out.log("warning: workers or Spark tasks did not end after returning their "
-                         "results; cancelling the Spark job")
-            self.job.cancel()
-        self.phases.mark("job_ended")
-        loads = pickling.pickler().loads
-        return [loads(b) for b in blobs]
 
-    def _error(self, failures: List[Failure]) -> RunError:
-        root = failures[0]
-        message, lines = failure_report(failures, self.driver.finished_ranks())
-        if root.rank is None:
-            return RunError(message, self.job_id)
-        error = WorkerFailedError(message, root.rank, root.traceback, root.exit_code,
-                                  lines, self.job_id)
-        if root.exception is not None:
+def _rebuild_error(doc: dict, cause: Optional[bytes], job_id: str) -> BaseException:
+    """The coordinator's failure (:func:`~spark_dl.spark.launch.coordinator.error_document`)
+    as the exception it was."""
+    name, message = doc.get("class", ""), doc.get("message", "")
+    if name == "WorkerFailedError":
+        error = WorkerFailedError(message, doc.get("rank"), doc.get("traceback"),
+                                  doc.get("exit_code"), doc.get("failures", ()), job_id)
+        if cause:
             try:
-                error.__cause__ = pickling.pickler().loads(root.exception)
+                error.__cause__ = pickling.pickler().loads(cause)
             except Exception:
                 pass
         return error
-
-    def _stop(self, ctx: LaunchContext) -> None:
-        """Stops every worker (bounded), then cancels the Spark job."""
-        start = time.monotonic()
-        self.driver.begin_stop()
-        if ctx.tasks:
-            self.launcher.stop(ctx)
-            left = _STOP_WAIT_S - (time.monotonic() - start)
-            missing = self.driver.wait_for_exits([p.rank for p in ctx.placements],
-                                                 max(left, 0.5))
-            if missing and self.verbose >= 1:
-                self.out.log(f"ranks {missing} did not report their end; cancelling the "
-                             "Spark job stops them")
-        self.job.cancel()
-        if self.job.join(_CANCEL_WAIT_S):
-            self.phases.mark("job_ended")
-        elif self.verbose >= 1:
-            self.out.log("the Spark job did not end within "
-                         f"{_CANCEL_WAIT_S:g} s of its cancellation")
+    if name == "MpiNotBuiltError":
+        return MpiNotBuiltError(f"{message} (in task 0's executor)")
+    if name == "ExecutorPythonError":
+        return ExecutorPythonError(message, job_id, doc.get("python", ""))
+    if name in _ERRORS:
+        return _ERRORS[name](message, job_id)
+    text = f"the job's coordinator (task 0) failed: {name}: {message}"
+    if doc.get("traceback"):
+        text += "\n" + doc["traceback"].rstrip()
+    return RunError(text, job_id)

@@ -16,6 +16,7 @@ It runs in the Spark driver for the duration of one :func:`spark_dl.spark.run`. 
 ``error``         a worker posts its exception: summary, traceback, pickled exception
 ``output``        a task service forwards rank-prefixed worker output
 ``worker_exit``   a task service reports its worker's exit code
+``task_end``      a task is about to end (its worker ended or the job is over)
 ================  =====================================================================
 
 The driver thread waits on this object (:meth:`DriverService.wait_for_registrations`,
@@ -154,6 +155,7 @@ class DriverService:
         self._ended = False  # the launcher reported that every rank's process ended
         self._lost: Dict[int, float] = {}  # task index -> when its connection closed
         self._fetched: set = set()  # ranks that fetched the function
+        self._tasks_ended: set = set()  # task indexes that said they end
         # When each stage of the job was complete on every task or rank (monotonic
         # seconds): "registered", "code_fetched", "results", "exited" (see times()).
         self._times: Dict[str, float] = {}
@@ -161,6 +163,7 @@ class DriverService:
             "register": self._register, "task_failed": self._task_failed,
             "ping": self._ping, "code": self._get_code, "result": self._result,
             "error": self._error, "output": self._output, "worker_exit": self._worker_exit,
+            "task_end": self._task_end,
         }, hosts=hosts, limits=REQUEST_LIMITS, log=log, on_disconnect=self._disconnected)
 
     def start(self) -> List[Endpoint]:
@@ -215,6 +218,12 @@ class DriverService:
         with self._cond:
             self._lost.pop(index, None)  # (re)connected: not lost
             return {"stop": self._stopping or self._ended}
+
+    def _task_end(self, index: int) -> None:
+        self._check_index(index)
+        with self._cond:
+            self._tasks_ended.add(index)
+            self._cond.notify_all()
 
     def _disconnected(self, tags: dict) -> None:
         index = tags.get("task")
@@ -429,6 +438,22 @@ class DriverService:
         absent."""
         with self._cond:
             return dict(self._times)
+
+    def wall_times(self) -> Dict[str, float]:
+        """:meth:`times` as wall-clock times (``time.time()``)."""
+        offset = time.time() - time.monotonic()
+        return {name: at + offset for name, at in self.times().items()}
+
+    def wait_for_tasks_ended(self, timeout: float) -> bool:
+        """Waits until every registered task said it ends; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not set(self._registrations) <= self._tasks_ended:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.1))
+            return True
 
     def finished_ranks(self) -> List[int]:
         """The ranks that posted their result, in order."""

@@ -12,6 +12,9 @@ executors are still coming. So ``run`` checks first:
 - it promises enough: executors may still be registering, so wait for them (bounded);
 - it does not say (e.g. dynamic allocation, which barrier mode refuses at once): leave
   it to Spark's own check.
+
+Under Spark Connect the registered executors cannot be asked from the client: only the
+configuration's promise is checked (too small -> the same clear error).
 """
 
 from __future__ import annotations
@@ -79,21 +82,37 @@ def configured_slots(master: str, conf: Mapping[str, str]) -> Optional[int]:
     return executors * per_executor
 
 
-def check_slots(sc, num_proc: int, wait_s: float, poll_s: float = 0.5) -> None:
+_HINT = ("a barrier stage needs all of its tasks running at once: lower num_proc, or "
+         "give the application more executors/cores (spark.executor.instances, "
+         "spark.executor.cores, spark.task.cpus, task resource amounts)")
+
+
+def check_slots(spark, num_proc: int, wait_s: float, poll_s: float = 0.5) -> None:
     """Returns when ``num_proc`` barrier tasks can run at once; raises otherwise.
+
+    Args:
+        spark: the SparkSession (classic or Connect).
 
     Raises:
         NotEnoughSlotsError: the cluster is (or is configured) too small; at once when
             the configuration already says so, else after ``wait_s`` seconds of waiting
             for the promised executors to register.
     """
-    master = sc.master
+    from spark_dl.spark.launch.session import conf_of, master_of, spark_context
+
+    sc = spark_context(spark)
+    master = master_of(spark)
+    hint = _HINT
+    if sc is None:  # Spark Connect: the configuration's promise is all we can see
+        promised = configured_slots(master, conf_of(spark)) if master else None
+        if promised is not None and num_proc > promised:
+            raise NotEnoughSlotsError(f"num_proc={num_proc} exceeds the {promised} task "
+                                      f"slots this Spark application is configured for "
+                                      f"(master {master}); {hint}")
+        return
     have = available_slots(sc)
     if have is None or have >= num_proc:
         return
-    hint = ("a barrier stage needs all of its tasks running at once: lower num_proc, or "
-            "give the application more executors/cores (spark.executor.instances, "
-            "spark.executor.cores, spark.task.cpus, task resource amounts)")
     if _LOCAL.match(master):  # local mode: the slots are all there from the start
         raise NotEnoughSlotsError(f"num_proc={num_proc} exceeds the {have} task slots of "
                                   f"this Spark application (master {master}); {hint}")

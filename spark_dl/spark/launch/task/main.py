@@ -24,7 +24,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from spark_dl.spark.launch.network import host_hash, task_bind_addresses
 from spark_dl.spark.launch.service import Endpoint, ServiceClient, ServiceError, log_to_stderr
@@ -58,42 +58,52 @@ def _assigned_gpus(ctx) -> List[str]:
 
 
 class TaskMain:
-    """The ``mapPartitions`` function of the job's barrier stage (picklable)."""
+    """One task's role in the job: its task service, from registration to the end.
+
+    Every task of the barrier job runs this (task 0 on a thread beside its
+    :class:`~spark_dl.spark.launch.coordinator.Coordinator`). It never raises: a task that
+    fails reports to the coordinator when it can, and returns its report otherwise (a
+    raising task would fail the barrier stage and lose task 0's account of the job).
+    """
 
     def __init__(self, settings: TaskSettings):
         self.settings = settings
 
-    def __call__(self, iterator: Iterable) -> Iterator[int]:
-        from pyspark import BarrierTaskContext
-
-        ctx = BarrierTaskContext.get()
-        index = ctx.partitionId()
+    def __call__(self, index: int, gpus: List[str]) -> Optional[dict]:
+        """Runs the task's role; returns None, or a report of a failure it could not
+        send to the coordinator."""
         s = self.settings
         log = log_to_stderr(f"spark_dl task {index}") if s.verbose >= 2 else None
         driver = ServiceClient("driver", s.secret, s.driver_endpoints, timeout=30.0)
-        service = TaskService(s.secret, s.job_id, index, _assigned_gpus(ctx), driver,
-                              kill_grace=s.kill_grace, prefix_timestamp=s.prefix_timestamp,
-                              verbose=s.verbose, log=log,
-                              hosts=task_bind_addresses([h for h, _ in s.driver_endpoints],
-                                                        s.nics))
+        service = None
         try:
+            service = TaskService(s.secret, s.job_id, index, gpus, driver,
+                                  kill_grace=s.kill_grace, prefix_timestamp=s.prefix_timestamp,
+                                  verbose=s.verbose, log=log,
+                                  hosts=task_bind_addresses([h for h, _ in s.driver_endpoints],
+                                                            s.nics))
             endpoints = service.start()
             answer = driver.call("register", index=index, host_hash=host_hash(),
                                  hostname=socket.gethostname(), endpoints=endpoints,
                                  gpus=service.gpus, pid=os.getpid())
             if answer.get("accepted"):
                 self._wait(service, driver, index)
+            return None
         except BaseException:
             text = traceback.format_exc()
             try:
                 driver.call("task_failed", index=index, traceback=text, timeout=5.0)
+                return None
+            except Exception:
+                return {"index": index, "host": socket.gethostname(), "traceback": text}
+        finally:
+            if service is not None:
+                service.stop(timeout=s.kill_grace + 5.0)
+            try:
+                driver.call("task_end", index=index, timeout=2.0)
             except Exception:
                 pass
-            raise
-        finally:
-            service.stop(timeout=s.kill_grace + 5.0)
             driver.close()
-        yield index
 
     def _wait(self, service: TaskService, driver: ServiceClient, index: int) -> None:
         s = self.settings
@@ -102,16 +112,17 @@ class TaskMain:
         while not service.done.wait(s.ping_s):
             now = time.monotonic()
             if not service.launched and now > launch_deadline:
-                raise TimeoutError(f"task {index}: the driver did not launch a worker within "
-                                   f"{s.start_timeout:g} s of the start timeout")
+                raise TimeoutError(f"task {index}: the coordinator did not launch a worker "
+                                   f"within {s.start_timeout:g} s of the start timeout")
             try:
                 stop = driver.call("ping", index=index, timeout=5.0)["stop"]
                 last_contact = now
             except ServiceError as exc:
                 if now - last_contact < s.driver_lost_s:
                     continue
-                sys.stderr.write(f"spark_dl task {index}: the driver is unreachable for "
-                                 f"{s.driver_lost_s:g} s ({exc}); stopping the worker\n")
+                sys.stderr.write(f"spark_dl task {index}: the coordinator (task 0) is "
+                                 f"unreachable for {s.driver_lost_s:g} s ({exc}); stopping "
+                                 "the worker\n")
                 return  # the caller's finally stops the worker
             if stop:
                 return

@@ -1,0 +1,183 @@
+"""The barrier stage that hosts a job: how the caller submits it, what each task runs.
+
+One path for classic and Spark Connect sessions: the caller builds
+``spark.range(num_proc, numPartitions=num_proc).mapInArrow(BarrierMain(settings),
+rows.SCHEMA, barrier=True)`` (DataFrame API only, Spark >= 3.5) and collects it on a
+background thread (:class:`BarrierJob`). Barrier mode gang-schedules the tasks (all
+start together, or none), and fails the whole stage when one task fails.
+
+Each task (:class:`BarrierMain`):
+
+- task 0 starts the job's coordinator (:mod:`~spark_dl.spark.launch.coordinator`) and
+  tells the others where it listens through ``BarrierTaskContext.allGather``; then runs
+  its own task role on a thread while it coordinates, and yields the job's rows;
+- every other task learns task 0's address from the same ``allGather`` and runs its task
+  role (:class:`~spark_dl.spark.launch.task.main.TaskMain`): it yields nothing, or a
+  report of a failure it could not send to task 0.
+
+The job's settings, with its secret and the pickled function, travel inside the
+``mapInArrow`` function, i.e. inside Spark's serialized plan (protect it with
+``spark.authenticate``/``spark.network.crypto.enabled``, and TLS to a Connect server, on
+untrusted networks); they are never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Iterable, Iterator, List, Optional
+
+from spark_dl.spark.launch import rows
+from spark_dl.spark.launch.coordinator import Coordinator, JobSettings, error_document
+from spark_dl.spark.launch.task.main import TaskMain, TaskSettings, _assigned_gpus
+
+__all__ = ["BarrierMain", "BarrierJob"]
+
+# Lines of a failed Spark job's error kept in messages (the JVM part is long).
+_MAX_ERROR_LINES = 40
+
+
+def _task_settings(s: JobSettings, endpoints) -> TaskSettings:
+    return TaskSettings(s.job_id, s.secret, [(str(h), int(p)) for h, p in endpoints],
+                        s.start_timeout, nics=s.nics, verbose=s.verbose,
+                        prefix_timestamp=s.prefix_timestamp, kill_grace=s.kill_grace)
+
+
+class BarrierMain:
+    """The ``mapInArrow`` function of the job's barrier stage (picklable)."""
+
+    def __init__(self, settings: JobSettings):
+        self.settings = settings
+
+    def __call__(self, batches: Iterable) -> Iterator:
+        from pyspark import BarrierTaskContext
+
+        for _ in batches:  # one row per task: its index, which the context also gives
+            pass
+        ctx = BarrierTaskContext.get()
+        index = ctx.partitionId()
+        gpus = _assigned_gpus(ctx)
+        out = self._task0(ctx, gpus) if index == 0 else self._other(ctx, index, gpus)
+        if out:
+            yield rows.batch(out)
+
+    def _task0(self, ctx, gpus: List[str]) -> List[rows.Row]:
+        s = self.settings
+        try:
+            address = ctx.getTaskInfos()[0].address
+        except Exception:
+            address = ""
+        coordinator = Coordinator(s, address)
+        try:
+            endpoints = coordinator.start()
+        except BaseException as exc:  # the others must still pass the allGather
+            ctx.allGather(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+            coordinator.stop()
+            return [("error", -1, 0, json.dumps(error_document(exc, s.job_id)).encode())]
+        ctx.allGather(json.dumps({"endpoints": endpoints}))
+        reports: List[dict] = []
+        role = threading.Thread(
+            target=lambda: reports.append(TaskMain(_task_settings(s, endpoints))(0, gpus)),
+            name="sdl-task-0", daemon=True)
+        role.start()
+        try:
+            out = list(coordinator.run())
+        finally:
+            role.join(s.kill_grace + 10.0)
+            coordinator.stop()
+        out.extend(("task", 0, 0, json.dumps(r).encode()) for r in reports if r)
+        return out
+
+    def _other(self, ctx, index: int, gpus: List[str]) -> List[rows.Row]:
+        first = json.loads(ctx.allGather("")[0])
+        if "endpoints" not in first:
+            return []  # task 0 could not start: its rows say why
+        report = TaskMain(_task_settings(self.settings, first["endpoints"]))(index, gpus)
+        return [("task", index, 0, json.dumps(report).encode())] if report else []
+
+
+def summarize(exc: BaseException) -> str:
+    """A Spark job's error, cut to its first lines."""
+    lines = str(exc).strip().splitlines()
+    if len(lines) > _MAX_ERROR_LINES:
+        lines = lines[:_MAX_ERROR_LINES] + [f"... ({len(lines) - _MAX_ERROR_LINES} more lines)"]
+    return "\n".join(lines)
+
+
+class BarrierJob:
+    """Submits the barrier stage and collects its rows on a background thread.
+
+    Args:
+        spark: the session (classic or Connect).
+        num_proc: number of tasks.
+        fn: the ``mapInArrow`` function (:class:`BarrierMain`).
+        tag: unique per job: the job group (classic) or operation tag (Connect) that
+            :meth:`cancel` cancels.
+        description: shown in the Spark UI.
+    """
+
+    def __init__(self, spark, num_proc: int, fn, tag: str, description: str):
+        from spark_dl.spark.launch.session import spark_context
+
+        self._spark = spark
+        self._sc = spark_context(spark)
+        self._num_proc = num_proc
+        self._fn = fn
+        self.tag = tag
+        self._description = description
+        self._thread: Optional[threading.Thread] = None
+        self.rows: Optional[list] = None
+        self.error: Optional[BaseException] = None
+        self._finished = threading.Event()
+        self._cancelled = False
+
+    def start(self) -> None:
+        if self._sc is not None:
+            # InheritableThread carries the caller's local properties (scheduler pool,
+            # ...) to the JVM thread that submits the job, in pinned-thread mode.
+            from pyspark import InheritableThread as Thread
+        else:
+            Thread = threading.Thread
+        self._thread = Thread(target=self._run, name=f"sdl-spark-job-{self.tag}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            spark = self._spark
+            if self._sc is not None:
+                self._sc.setJobGroup(self.tag, self._description, interruptOnCancel=True)
+            else:
+                spark.addTag(self.tag)  # this thread's operations (Connect: thread-local)
+            df = spark.range(0, self._num_proc, 1, self._num_proc) \
+                .mapInArrow(self._fn, rows.SCHEMA, barrier=True)
+            self.rows = df.collect()
+        except BaseException as exc:  # reported through error
+            self.error = exc
+        finally:
+            if self._sc is None:
+                try:
+                    self._spark.removeTag(self.tag)
+                except Exception:
+                    pass
+            self._finished.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    def cancel(self) -> None:
+        """Cancels the job (idempotent); its tasks' Python processes are then killed."""
+        if self._cancelled or self._finished.is_set():
+            return
+        self._cancelled = True
+        try:
+            if self._sc is not None:
+                self._sc.cancelJobGroup(self.tag)
+            else:
+                self._spark.interruptTag(self.tag)
+        except Exception:  # the session may already be stopping
+            pass
+
+    def join(self, timeout: float) -> bool:
+        """Waits for the job to end; False on timeout."""
+        return self._finished.wait(timeout)

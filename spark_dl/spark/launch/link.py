@@ -1,0 +1,241 @@
+"""How the workers' output reaches the caller while a job runs, with or without a socket.
+
+The job is coordinated by its task 0 (:mod:`~spark_dl.spark.launch.coordinator`), which
+receives every worker's output. The caller (the process that called ``run``: a
+``spark-submit`` driver, a notebook, a Spark Connect client) may or may not be reachable
+from the executors, so task 0 routes that output (:class:`OutputRoute`), in order of
+preference:
+
+1. **live, over the caller link**: the caller runs a small :class:`CallerLink` service
+   (authenticated with the job secret, like every service of the job) and ships its
+   address inside the job; task 0 connects once at start (``hello``, a few seconds at
+   most) and then sends output batches as they come. Classic sessions and Connect
+   sessions whose server runs on the caller's machine always reach it.
+2. **through a spool** (:class:`Spool`): when the link cannot be made (a Connect client
+   the cluster cannot reach, ``SDL_SPARK_CALLER_LINK=off``) and the caller gave a spool,
+   task 0 writes numbered pieces into it (the estimators' spool is a folder of the run
+   in the Store), and the caller follows it (:class:`SpoolFollower`) every half second.
+3. **in the result**: with neither, task 0 keeps the output (the last
+   :data:`KEEP_BYTES`) and returns it in the job's rows; the caller prints it when the
+   job ends. Nothing is lost short of that bound, and the executors' logs keep the rest.
+
+Once the link breaks mid-job the route switches to the spool (or the result) for the
+rest of the job, so output is never dropped because the caller went away.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Callable, Deque, List, Optional, Sequence, Tuple
+
+from spark_dl.spark.launch.service import Endpoint, ServiceClient, ServiceServer
+from spark_dl.spark.launch.task.output import DriverOutput
+
+__all__ = ["CallerLink", "OutputRoute", "Spool", "SpoolFollower", "KEEP_BYTES"]
+
+#: Output kept for the job's result when it could not be sent while the job ran.
+KEEP_BYTES = 8 << 20
+# How long task 0 tries to reach the caller at start.
+HELLO_TIMEOUT_S = 3.0
+_LINK_LIMITS = {"output": 64 << 20}
+# The spool is written at most this often (pieces gather what came meanwhile).
+_SPOOL_FLUSH_S = 0.5
+
+
+class CallerLink:
+    """The caller's end of the link: an authenticated service receiving output.
+
+    Args:
+        secret: the job secret.
+        hosts: addresses to bind.
+        write: ``write(stream, data)``, the caller's output sink.
+    """
+
+    def __init__(self, secret: bytes, hosts: Sequence[str],
+                 write: Callable[[str, bytes], None]):
+        self._write = write
+        self.contacted = threading.Event()
+        self.server = ServiceServer("caller", secret, {"hello": self._hello,
+                                                       "output": self._output},
+                                    hosts=hosts, limits=_LINK_LIMITS)
+
+    def start(self) -> List[Endpoint]:
+        return self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def _hello(self) -> bool:
+        self.contacted.set()
+        return True
+
+    def _output(self, stream: str, data: bytes) -> None:
+        self._write("stderr" if stream == "stderr" else "stdout", bytes(data))
+
+
+class Spool:
+    """Numbered pieces of output that the coordinating task writes and the caller reads.
+
+    A subclass stores named blobs somewhere both reach (the estimators: a folder of the
+    run in the Store); it must pickle (it travels inside the job). Names sort in the
+    order they were written; a blob appears whole or not at all.
+    """
+
+    def put(self, name: str, data: bytes) -> None:
+        """Writes one blob (atomically)."""
+        raise NotImplementedError
+
+    def get(self, name: str) -> bytes:
+        raise NotImplementedError
+
+    def names(self) -> List[str]:
+        """The names written so far (any order)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def piece_name(seq: int, stream: str) -> str:
+        return f"{seq:08d}.{stream}"
+
+    @staticmethod
+    def parse_name(name: str) -> Optional[Tuple[int, str]]:
+        seq, _, stream = name.partition(".")
+        if not seq.isdigit() or stream not in ("stdout", "stderr", "started"):
+            return None
+        return int(seq), stream
+
+
+class SpoolFollower:
+    """The caller's reader of a :class:`Spool`: new pieces, in order, each once."""
+
+    def __init__(self, spool: Spool, write: Callable[[str, bytes], None]):
+        self._spool = spool
+        self._write = write
+        self._next = 0
+        self.started = False
+
+    def poll(self) -> None:
+        """Writes the pieces that follow the last one written (stops at a gap: a piece
+        still being written appears whole later)."""
+        try:
+            found = {}
+            for name in self._spool.names():
+                parsed = Spool.parse_name(name)
+                if parsed is not None:
+                    found[parsed[0]] = (name, parsed[1])
+            while self._next in found:
+                name, stream = found[self._next]
+                if stream == "started":
+                    self.started = True
+                else:
+                    self._write(stream, self._spool.get(name))
+                self._next += 1
+        except Exception:  # the store may be briefly unreachable: try again next time
+            pass
+
+
+class OutputRoute:
+    """Task 0's side: sends output to the caller live, else spools or keeps it.
+
+    Args:
+        secret: the job secret.
+        caller: the caller link's endpoints, or None (no link: ``off``, or no address).
+        spool: where output goes when the link is down, or None.
+        echo: also writes each batch here (the task's own stderr: the executor log).
+    """
+
+    def __init__(self, secret: bytes, caller: Optional[Sequence[Endpoint]],
+                 spool: Optional[Spool], echo: Optional[Callable[[str, bytes], None]] = None):
+        self._spool = spool
+        self._echo = echo
+        self._lock = threading.Lock()
+        self._seq = 0
+        self.kept: Deque[Tuple[int, str, bytes]] = collections.deque()
+        self._kept_bytes = 0
+        self.dropped_bytes = 0
+        self._pending: List[Tuple[str, bytes]] = []
+        self._client: Optional[ServiceClient] = None
+        if caller:
+            client = ServiceClient("caller", secret, caller, timeout=30.0,
+                                   connect_timeout=HELLO_TIMEOUT_S)
+            try:
+                client.call("hello", timeout=HELLO_TIMEOUT_S)
+                self._client = client
+            except Exception:
+                client.close()
+        self._sender = DriverOutput(self._send) if self._client is not None else None
+        self._closed = threading.Event()
+        if spool is not None:
+            if self._client is None:
+                self._put_piece("started", b"")
+            threading.Thread(target=self._flush_loop, name="sdl-output-spool",
+                             daemon=True).start()
+
+    @property
+    def live(self) -> bool:
+        """Whether the caller link is up."""
+        return self._client is not None
+
+    def write(self, stream: str, data: bytes) -> None:
+        """The driver service's output sink (any thread)."""
+        if self._sender is not None:
+            self._sender.put(stream, data)
+        else:
+            self._fallback(stream, data)
+
+    def _send(self, stream: str, data: bytes) -> None:
+        client = self._client
+        if client is not None:
+            try:
+                client.call("output", stream=stream, data=data)
+                return
+            except Exception:
+                self._client = None  # gone: the rest takes the fallback
+                client.close()
+        self._fallback(stream, data)
+
+    def _fallback(self, stream: str, data: bytes) -> None:
+        if self._echo is not None:
+            self._echo(stream, data)
+        with self._lock:
+            if self._spool is not None:
+                self._pending.append((stream, data))
+                return
+            self._seq += 1
+            self.kept.append((self._seq, stream, data))
+            self._kept_bytes += len(data)
+            while self._kept_bytes > KEEP_BYTES and self.kept:
+                _, _, old = self.kept.popleft()
+                self._kept_bytes -= len(old)
+                self.dropped_bytes += len(old)
+
+    def _put_piece(self, stream: str, data: bytes) -> None:
+        try:
+            self._spool.put(Spool.piece_name(self._seq, stream), data)
+        except Exception:  # the store failed: keep it for the result instead
+            self.kept.append((self._seq, stream, data))
+        self._seq += 1
+
+    def _flush_loop(self) -> None:
+        while not self._closed.wait(_SPOOL_FLUSH_S):
+            with self._lock:
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        while self._pending:  # one piece per run of the same stream
+            stream = self._pending[0][0]
+            run = []
+            while self._pending and self._pending[0][0] == stream:
+                run.append(self._pending.pop(0)[1])
+            self._put_piece(stream, b"".join(run))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Sends or spools what is pending (bounded), then closes the link."""
+        if self._sender is not None:
+            self._sender.close(timeout)
+        self._closed.set()
+        with self._lock:
+            if self._spool is not None:
+                self._flush_locked()
+        if self._client is not None:
+            self._client.close()
