@@ -5,9 +5,11 @@ Workers' output reaches the driver line by line, prefixed with the rank
 each; the estimator hands a :class:`ProgressDisplay` to the backend as the workers' output
 stream, and the display turns marked lines into
 
-- one line per epoch (epoch, loss, val_loss, metrics, rows/s, seconds), always;
-- a live progress bar during each epoch, when the driver's stdout is a terminal (redrawn in
-  place with ``\\r``) or a Jupyter notebook (an updated display);
+- one plain line per epoch (epoch, loss, val_loss, metrics, rows/s, seconds), always;
+- a live progress bar, where :func:`bar_kind` finds one fits: in a Jupyter notebook (a
+  kernel) one bar per fit, updated in place for each epoch above the epoch lines (tqdm's
+  notebook bar over ipywidgets, else an updated IPython display); in a terminal a line
+  redrawn with ``\\r``; elsewhere (pipes, files, CI logs) none;
 
 and passes every other line through unchanged. A custom backend that does not forward
 output simply shows nothing.
@@ -25,7 +27,7 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, Optional, Sequence, TextIO
 
-__all__ = ["MARK", "Reporter", "ProgressDisplay", "format_metrics",
+__all__ = ["MARK", "Reporter", "ProgressDisplay", "bar_kind", "format_metrics",
            "spark_console_progress_paused"]
 
 #: Prefix of an event line on rank 0's stdout.
@@ -80,50 +82,129 @@ def format_metrics(logs: Dict[str, float]) -> str:
     return ", ".join(f"{k} {_fmt(logs[k])}" for k in keys)
 
 
-class _Bar:
-    """Where the live bar is drawn: a terminal line, a notebook display, or nowhere."""
+def bar_kind(out: Optional[TextIO] = None) -> str:
+    """Which live bar suits ``out`` (None: ``sys.stdout``).
+
+    Returns:
+        ``"notebook"`` where ``out`` is this process's stdout and the process is a Jupyter
+        kernel (IPython with a kernel: a terminal IPython has none), ``"terminal"`` where
+        ``out`` is a terminal, else ``"plain"`` (pipes, files, CI logs: no bar, only the
+        epoch lines).
+    """
+    if out is None or out is sys.stdout:
+        # A kernel has imported IPython long before this; elsewhere IPython is not imported
+        # just to find out.
+        ipython = sys.modules.get("IPython")
+        try:
+            shell = ipython.get_ipython() if ipython is not None else None
+        except Exception:  # a half-imported or replaced IPython: no notebook
+            shell = None
+        if getattr(shell, "kernel", None) is not None:
+            return "notebook"
+    try:
+        tty = bool((out or sys.stdout).isatty())
+    except Exception:  # a stream without isatty, or a closed one
+        tty = False
+    return "terminal" if tty else "plain"
+
+
+def _bar_text(epoch, epochs, done: int, steps: int, loss) -> str:
+    filled = int(_BAR_WIDTH * done / steps)
+    bar = "=" * filled + (">" if filled < _BAR_WIDTH else "") + \
+          " " * max(_BAR_WIDTH - filled - 1, 0)
+    return f"Epoch {epoch}/{epochs or '?'} [{bar}] {done}/{steps} - loss {_fmt(loss)}"
+
+
+class _TerminalBar:
+    """A terminal line redrawn with ``\\r``; cleared before any other line is printed."""
 
     def __init__(self, out: TextIO):
         self.out = out
-        self.kind = None
-        self.handle = None
         self.shown = False
-        if getattr(out, "isatty", lambda: False)():
-            self.kind = "tty"
-        else:
-            try:
-                from IPython import get_ipython
 
-                shell = get_ipython()
-                if shell is not None and getattr(shell, "kernel", None) is not None:
-                    self.kind = "notebook"
-            except Exception:  # no IPython: no notebook bar
-                pass
-
-    def draw(self, text: str) -> None:
-        if self.kind == "tty":
-            self.out.write("\r" + text + "\x1b[K")
-            self.out.flush()
-            self.shown = True
-        elif self.kind == "notebook":
-            from IPython.display import display
-
-            if self.handle is None:
-                self.handle = display(text, display_id=True)
-            else:
-                self.handle.update(text)
-            self.shown = True
+    def update(self, epoch, epochs, done: int, steps: int, loss) -> None:
+        self.out.write("\r" + _bar_text(epoch, epochs, done, steps, loss) + "\x1b[K")
+        self.out.flush()
+        self.shown = True
 
     def clear(self) -> None:
-        if not self.shown:
-            return
-        if self.kind == "tty":
+        if self.shown:
             self.out.write("\r\x1b[K")
             self.out.flush()
-        elif self.kind == "notebook" and self.handle is not None:
-            self.handle.update("")
-            self.handle = None
-        self.shown = False
+            self.shown = False
+
+    close = clear
+
+
+class _NotebookBar:
+    """One bar per fit in a notebook cell, updated in place for each epoch.
+
+    The bar is an output of its own: lines printed meanwhile (the epoch lines, workers'
+    prints) go below it, so it is never cleared, and it stays at its last state when the
+    fit ends. It is tqdm's notebook bar (an ipywidgets progress bar) where tqdm and
+    ipywidgets import, else a text line in an updated IPython display (a raw
+    ``text/plain`` bundle: no quoted string). Any failure to draw turns the bar off; the
+    epoch lines go on.
+    """
+
+    def __init__(self):
+        self._tqdm = None
+        self._handle = None
+        self._epoch = None
+        self._broken = False
+
+    def update(self, epoch, epochs, done: int, steps: int, loss) -> None:
+        if self._broken:
+            return
+        try:
+            self._update(epoch, epochs, done, steps, loss)
+        except Exception:  # a display problem must not stop training's output
+            self._broken = True
+
+    def _update(self, epoch, epochs, done, steps, loss) -> None:
+        desc = f"Epoch {epoch}/{epochs or '?'}"
+        if self._tqdm is None and self._handle is None:
+            try:
+                from tqdm.notebook import tqdm  # raises ImportError without ipywidgets
+
+                self._tqdm = tqdm(total=steps, desc=desc, unit="step", leave=True)
+            except Exception:
+                self._tqdm = None
+        if self._tqdm is not None:
+            bar = self._tqdm
+            if epoch != self._epoch:
+                bar.reset(total=steps)
+                bar.set_description(desc, refresh=False)
+            bar.n = done
+            bar.set_postfix_str(f"loss {_fmt(loss)}", refresh=False)
+            bar.refresh()
+        else:
+            from IPython.display import display
+
+            bundle = {"text/plain": _bar_text(epoch, epochs, done, steps, loss)}
+            if self._handle is None:
+                self._handle = display(bundle, raw=True, display_id=True)
+            else:
+                self._handle.update(bundle, raw=True)
+        self._epoch = epoch
+
+    def clear(self) -> None:
+        pass  # see the class doc
+
+    def close(self) -> None:
+        if self._tqdm is not None:
+            try:
+                self._tqdm.close()  # red if the last epoch did not finish, else green
+            except Exception:
+                pass
+            self._tqdm = None
+
+
+def _make_bar(out: Optional[TextIO]):
+    kind = bar_kind(out)
+    if kind == "notebook":
+        return _NotebookBar()
+    return _TerminalBar(out or sys.stdout) if kind == "terminal" else None
 
 
 class ProgressDisplay:
@@ -145,8 +226,9 @@ class ProgressDisplay:
         self._err = err
         self._lock = threading.RLock()
         self._buffers = {"stdout": "", "stderr": ""}
-        self._bar = _Bar(self.out) if verbose else None
+        self._bar = _make_bar(out) if verbose else None
         self._epochs = None
+        self._steps = {}  # epoch -> its number of steps, from the step events
         self.events = []  # every event seen, for callers that want them
 
     @property
@@ -177,7 +259,7 @@ class ProgressDisplay:
                     self._line(name, rest)
                 self._buffers[name] = ""
             if self._bar:
-                self._bar.clear()
+                self._bar.close()
 
     def _line(self, name: str, line: str) -> None:
         _, mark, payload = line.partition(MARK)
@@ -200,7 +282,7 @@ class ProgressDisplay:
         sink.flush()
 
     def print(self, text: str) -> None:
-        """A line of the estimator's own (the bar is cleared first)."""
+        """A line of the estimator's own (a terminal's bar is cleared first)."""
         with self._lock:
             if self._bar:
                 self._bar.clear()
@@ -211,17 +293,17 @@ class ProgressDisplay:
         kind = e.get("kind")
         if kind == "start":
             self._epochs = e.get("epochs")
-        elif kind == "step" and self._bar and self._bar.kind:
+        elif kind == "step" and self._bar:
             steps = max(int(e.get("steps") or 1), 1)
-            done = min(int(e.get("step", 0)), steps)
-            filled = int(_BAR_WIDTH * done / steps)
-            bar = "=" * filled + (">" if filled < _BAR_WIDTH else "") + \
-                  " " * max(_BAR_WIDTH - filled - 1, 0)
-            text = (f"Epoch {e.get('epoch')}/{self._epochs or '?'} [{bar}] {done}/{steps}"
-                    f" - loss {_fmt(e.get('loss'))}")
-            self._bar.draw(text)
+            self._steps[e.get("epoch")] = steps
+            self._bar.update(e.get("epoch"), self._epochs, min(int(e.get("step", 0)), steps),
+                             steps, e.get("loss"))
         elif kind == "epoch":
             logs = e.get("logs", {})
+            steps = self._steps.get(e.get("epoch"))
+            if isinstance(self._bar, _NotebookBar) and steps:
+                # Step reports are throttled: the last one is short of the epoch's end.
+                self._bar.update(e.get("epoch"), self._epochs, steps, steps, logs.get("loss"))
             self.print(f"Epoch {e.get('epoch')}/{self._epochs or '?'}: {format_metrics(logs)}"
                        f" | {e.get('rows_per_s', 0):,.0f} rows/s | {e.get('seconds', 0):.1f}s")
         elif kind == "note":
@@ -251,6 +333,23 @@ class _Stream:
 _SPARK_BAR_RESET_S = 0.2
 
 
+def _spark_connect() -> bool:
+    """Whether this process talks to Spark through Spark Connect (Databricks' standard and
+    serverless compute, ``builder.remote(...)``): the jobs then run in a server whose
+    console bar is not ours, and there is no SparkContext to reach. When it cannot tell,
+    True: leaving Spark alone is the safe side."""
+    try:
+        from pyspark.sql import SparkSession
+        from pyspark.sql.utils import is_remote
+
+        if is_remote():
+            return True
+        active = SparkSession.getActiveSession()
+    except Exception:  # a Connect-only client (pyspark-client), or another pyspark
+        return True
+    return active is not None and type(active).__module__.startswith("pyspark.sql.connect")
+
+
 @contextlib.contextmanager
 def spark_console_progress_paused() -> Iterator[bool]:
     """Keeps the active SparkContext's console progress bar from drawing during the block.
@@ -267,7 +366,7 @@ def spark_console_progress_paused() -> Iterator[bool]:
     try:
         from pyspark import SparkContext
 
-        sc = SparkContext._active_spark_context
+        sc = None if _spark_connect() else SparkContext._active_spark_context
         if sc is not None and getattr(sc, "_jsc", None) is not None:
             option = sc._jsc.sc().progressBar()
             bar = option.get() if option.isDefined() else None
