@@ -61,6 +61,21 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
             return list(cols)
         return [f"{c}__output" for c in (self.getLabelColumns() or [])]
 
+    def history_df(self):
+        """The training history as a pandas DataFrame, one row per epoch (index ``epoch``;
+        columns ``loss``, ``val_loss``, the metrics, ``rows_per_s``): see
+        :func:`~spark_dl.spark.common.history.history_frame`."""
+        from spark_dl.spark.common.history import history_frame
+
+        return history_frame(self.getHistory())
+
+    def plot_history(self, metrics=None, **kwargs):
+        """The training curves as a matplotlib Figure, one panel per quantity with its
+        ``val_`` twin: see :func:`~spark_dl.spark.common.history.plot_history`."""
+        from spark_dl.spark.common.history import plot_history
+
+        return plot_history(self.getHistory(), metrics, **kwargs)
+
     # ------------------------------------------------------------------ framework hooks
 
     def _predictor(self, specs: Dict[str, dict]):
