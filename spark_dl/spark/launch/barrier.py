@@ -24,17 +24,26 @@ untrusted networks); they are never logged.
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import traceback
 from typing import Iterable, Iterator, List, Optional
 
 from spark_dl.spark.launch import rows
 from spark_dl.spark.launch.coordinator import Coordinator, JobSettings, error_document
+from spark_dl.spark.launch.link import coordinator_from_caller
 from spark_dl.spark.launch.task.main import TaskMain, TaskSettings, _assigned_gpus
 
 __all__ = ["BarrierMain", "BarrierJob"]
 
 # Lines of a failed Spark job's error kept in messages (the JVM part is long).
 _MAX_ERROR_LINES = 40
+
+
+def _barrier_context():
+    from pyspark import BarrierTaskContext
+
+    return BarrierTaskContext.get()
 
 
 def _task_settings(s: JobSettings, endpoints) -> TaskSettings:
@@ -70,11 +79,13 @@ class BarrierMain:
         coordinator = Coordinator(s, address)
         try:
             endpoints = coordinator.start()
-        except BaseException as exc:  # the others must still pass the allGather
-            ctx.allGather(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+            if s.exchange == "link":
+                coordinator.route.announce(endpoints)
+        except BaseException as exc:  # the others must still learn that it failed
+            self._tell(coordinator, {"error": f"{type(exc).__name__}: {exc}"})
             coordinator.stop()
             return [("error", -1, 0, json.dumps(error_document(exc, s.job_id)).encode())]
-        ctx.allGather(json.dumps({"endpoints": endpoints}))
+        self._tell(coordinator, {"endpoints": endpoints}, announced=True)
         reports: List[dict] = []
         role = threading.Thread(
             target=lambda: reports.append(TaskMain(_task_settings(s, endpoints))(0, gpus)),
@@ -88,8 +99,27 @@ class BarrierMain:
         out.extend(("task", 0, 0, json.dumps(r).encode()) for r in reports if r)
         return out
 
+    def _tell(self, coordinator: Coordinator, message: dict, announced: bool = False) -> None:
+        """Task 0 tells the other tasks where it listens, or why it could not start."""
+        if self.settings.exchange == "gather":
+            _barrier_context().allGather(json.dumps(message))
+        elif not announced and coordinator.route is not None:
+            try:
+                coordinator.route.announce(error=message.get("error"))
+            except Exception:
+                pass  # the others give up after the start timeout
+
     def _other(self, ctx, index: int, gpus: List[str]) -> List[rows.Row]:
-        first = json.loads(ctx.allGather("")[0])
+        s = self.settings
+        if s.exchange == "gather":
+            first = json.loads(ctx.allGather("")[0])
+        else:
+            try:
+                first = coordinator_from_caller(s.secret, s.caller, s.start_timeout + 60.0)
+            except Exception:
+                return [("task", index, 0, json.dumps(
+                    {"index": index, "host": socket.gethostname(),
+                     "traceback": traceback.format_exc()}).encode())]
         if "endpoints" not in first:
             return []  # task 0 could not start: its rows say why
         report = TaskMain(_task_settings(self.settings, first["endpoints"]))(index, gpus)

@@ -74,6 +74,9 @@ class JobSettings:
     local: bool = False
     caller: Optional[List[Endpoint]] = None
     spool: Optional[Spool] = None
+    # How the tasks learn where task 0 listens: "gather" (BarrierTaskContext.allGather),
+    # or "link" (through the caller link, where the executors are sure to reach it).
+    exchange: str = "gather"
 
 
 def make_launcher(name: str, extra_mpi_args=None) -> Launcher:

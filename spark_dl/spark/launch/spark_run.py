@@ -312,23 +312,27 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         caller = None
         if link is not None:
             caller = [(host, port) for host, (_, port) in zip(advertised, link.start())]
+        # Where the executors are sure to reach this process (a classic session's
+        # executors reach its driver; local masters share the machine), the tasks learn
+        # task 0's address through the link; elsewhere through the barrier's allGather.
+        exchange = "link" if caller and (sc is not None or local) else "gather"
         settings = JobSettings(job_id, secret, num_proc, code, pickling.describe(), timeout,
                                dict(env or {}), verbose, list(nics or []) or None,
                                prefix_output_with_timestamp, KILL_GRACE_S, launcher,
-                               extra_mpi_args, local, caller, output_spool)
+                               extra_mpi_args, local, caller, output_spool, exchange)
         job = BarrierJob(spark, num_proc, BarrierMain(settings), f"spark_dl-run-{job_id}",
                          f"spark_dl.spark.run: {num_proc} workers of "
                          f"{getattr(fn, '__name__', fn)}")
         if verbose >= 2:
             out.log(f"job {job_id}: {num_proc} workers ({launcher}) in a barrier job of "
                     f"{'a Spark Connect' if sc is None else 'this'} session; output link "
-                    f"{caller or 'off'}, spool {output_spool!r}")
+                    f"{caller or 'off'}, spool {output_spool!r}, addresses by {exchange}")
         job.start()
         phases.mark("submitted")
         # Task 0 makes contact at once where this process is sure to hear of it: only
         # then can a start that never comes be told from one that cannot reach us.
         follower = SpoolFollower(output_spool, out.write) if output_spool is not None else None
-        sure = follower is not None or (link is not None and local)
+        sure = follower is not None or exchange == "link"
         outcome = _wait(job, link, follower, out, timeout if sure else None, job_id)
         phases.mark("job_ended")
         wall_times = outcome.phases
