@@ -53,23 +53,21 @@ def use_driver_python(sc, out=None) -> bool:
 
 
 def use_driver_python_for_session(spark) -> bool:
-    """:func:`use_driver_python` for a SparkSession (a Spark Connect session has no
-    SparkContext here: nothing to do), then, before the caller's first job, the check
-    that the executors' Python can run spark_dl
-    (:func:`~spark_dl.spark.launch.executor_probe.check_executor_python`: no job where
-    the answer is known, else once per application and executor Python).
+    """:func:`use_driver_python` for a SparkSession, then, before the caller's first job,
+    the check that the executors' Python can run spark_dl
+    (:func:`~spark_dl.spark.launch.executor_probe.check_executor_python_for_session`: no
+    job where the answer is known, else once per application, or Spark Connect session,
+    and executor Python). A Spark Connect session has no SparkContext here: its
+    executors' Python is the server's choice, so only the check applies.
 
     Raises:
         ExecutorPythonError: it cannot; the message says what to set.
     """
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        return False
-    sc = getattr(spark, "sparkContext", None)
-    if sc is None:
-        return False
-    changed = use_driver_python(sc)
     from spark_dl.config import knobs
-    from spark_dl.spark.launch.executor_probe import check_executor_python
+    from spark_dl.spark.launch.executor_probe import check_executor_python_for_session
+    from spark_dl.spark.launch.session import spark_context
 
-    check_executor_python(sc, timeout=float(knobs.value("spark_start_timeout_s")))
+    sc = spark_context(spark)
+    changed = use_driver_python(sc) if sc is not None else False
+    check_executor_python_for_session(spark, timeout=float(knobs.value("spark_start_timeout_s")))
     return changed
