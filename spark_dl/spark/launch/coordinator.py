@@ -213,6 +213,8 @@ class Coordinator:
         ctx.tasks = {r.index: ServiceClient("task", s.secret, r.endpoints, timeout=30.0)
                      for r in regs}
         self.driver.set_ranks({p.task.index: p.rank for p in ctx.placements})
+        self.route.report("plan", {p.task.index: [p.rank, p.task.hostname]
+                                   for p in ctx.placements})
         if s.verbose >= 2:
             self.log(f"job {s.job_id}: {s.num_proc} workers ({launcher.name}), coordinator "
                      f"at {self.endpoints}, rendezvous at {self.rendezvous[0]}:"
@@ -246,8 +248,11 @@ class Coordinator:
 
     def _error_rows(self, exc: BaseException) -> List[rows.Row]:
         doc = error_document(exc, self.settings.job_id)
-        out = [("error", -1, 0, json.dumps(doc).encode())]
         cause = getattr(exc, "cause_blob", None)
+        # First to the caller directly: Spark may fail the job (and kill this task)
+        # before its rows arrive, e.g. when the failure was an executor lost.
+        self.route.report("outcome", doc, cause)
+        out = [("error", -1, 0, json.dumps(doc).encode())]
         if cause:
             out.extend(rows.pieces("cause", -1, cause))
         return out

@@ -26,14 +26,15 @@ rest of the job, so output is never dropped because the caller went away.
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import time
-from typing import Callable, Deque, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 from spark_dl.spark.launch.service import Endpoint, ServiceClient, ServiceServer
 from spark_dl.spark.launch.task.output import DriverOutput
 
-__all__ = ["CallerLink", "OutputRoute", "Spool", "SpoolFollower", "KEEP_BYTES",
+__all__ = ["CallerLink", "OutputRoute", "Reports", "Spool", "SpoolFollower", "KEEP_BYTES",
            "coordinator_from_caller"]
 
 #: Output kept for the job's result when it could not be sent while the job ran.
@@ -67,10 +68,12 @@ class CallerLink:
         self.contacted = threading.Event()
         self._announced = threading.Event()
         self._coordinator: dict = {}
+        self.reports = Reports()
         self.server = ServiceServer("caller", secret, {"hello": self._hello,
                                                        "output": self._output,
                                                        "coordinator": self._set_coordinator,
-                                                       "where": self._where},
+                                                       "where": self._where,
+                                                       "report": self._report},
                                     hosts=hosts, limits=_LINK_LIMITS)
 
     def start(self) -> List[Endpoint]:
@@ -92,10 +95,31 @@ class CallerLink:
             if error is None else {"error": str(error)}
         self._announced.set()
 
+    def _report(self, kind: str, document: dict, cause: Optional[bytes] = None) -> None:
+        self.reports.add(kind, document, cause)
+
     def _where(self, wait_s: float) -> dict:
         """Long poll of a task: task 0's endpoints (or its error), else ``{}``."""
         self._announced.wait(min(max(float(wait_s), 0.0), MAX_WHERE_WAIT_S))
         return dict(self._coordinator)
+
+
+class Reports:
+    """What task 0 told the caller about the job while it ran, in case the Spark job
+    fails before its rows arrive (an executor lost: Spark then kills task 0 too):
+    ``plan`` (task index -> ``[rank, host]``) and ``outcome`` (the failure's document,
+    :func:`~spark_dl.spark.launch.coordinator.error_document`, with the pickled cause)."""
+
+    def __init__(self):
+        self.plan: Dict[int, list] = {}
+        self.outcome: Optional[dict] = None
+        self.cause: Optional[bytes] = None
+
+    def add(self, kind: str, document: dict, cause: Optional[bytes] = None) -> None:
+        if kind == "plan":
+            self.plan = {int(k): list(v) for k, v in dict(document).items()}
+        elif kind == "outcome":
+            self.outcome, self.cause = dict(document), cause
 
 
 class Spool:
@@ -124,7 +148,8 @@ class Spool:
     @staticmethod
     def parse_name(name: str) -> Optional[Tuple[int, str]]:
         seq, _, stream = name.partition(".")
-        if not seq.isdigit() or stream not in ("stdout", "stderr", "started"):
+        if not seq.isdigit() or stream not in ("stdout", "stderr", "started", "plan",
+                                               "outcome"):
             return None
         return int(seq), stream
 
@@ -137,6 +162,7 @@ class SpoolFollower:
         self._write = write
         self._next = 0
         self.started = False
+        self.reports = Reports()
 
     def poll(self) -> None:
         """Writes the pieces that follow the last one written (stops at a gap: a piece
@@ -151,6 +177,8 @@ class SpoolFollower:
                 name, stream = found[self._next]
                 if stream == "started":
                     self.started = True
+                elif stream in ("plan", "outcome"):
+                    self.reports.add(stream, json.loads(self._spool.get(name)))
                 else:
                     self._write(stream, self._spool.get(name))
                 self._next += 1
@@ -199,6 +227,22 @@ class OutputRoute:
     def live(self) -> bool:
         """Whether the caller link is up."""
         return self._client is not None
+
+    def report(self, kind: str, document: dict, cause: Optional[bytes] = None) -> None:
+        """Tells the caller ``plan`` or ``outcome`` (see :class:`Reports`), over the link
+        or through the spool; best effort (the job's rows carry the outcome too)."""
+        client = self._client
+        if client is not None:
+            try:
+                client.call("report", kind=kind, document=document, cause=cause,
+                            timeout=10.0)
+                return
+            except Exception:
+                pass
+        if self._spool is not None:
+            with self._lock:
+                self._flush_locked()
+                self._put_piece(kind, json.dumps(document).encode())
 
     def announce(self, endpoints=None, error: Optional[str] = None) -> None:
         """Tells the caller link where task 0 listens (or why it could not start), for

@@ -24,6 +24,7 @@ Spark Connect client (Databricks notebooks, ``SparkSession.builder.remote(...)``
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import sys
 import threading
@@ -42,7 +43,7 @@ from spark_dl.spark.launch.errors import (ExecutorPythonError, MpiNotBuiltError,
                                           WorkerFailedError)
 from spark_dl.spark.launch.executor_probe import check_executor_python_for_session
 from spark_dl.spark.launch.launcher import GlooLauncher, Launcher
-from spark_dl.spark.launch.link import CallerLink, Spool, SpoolFollower
+from spark_dl.spark.launch.link import CallerLink, Reports, Spool, SpoolFollower
 from spark_dl.spark.launch.network import caller_addresses, is_local_master
 from spark_dl.spark.launch.session import (active_session, check_server_version, conf_get,
                                            conf_of, is_connect, master_of, spark_context)
@@ -372,9 +373,34 @@ def _wait(job: BarrierJob, link: Optional[CallerLink], follower: Optional[SpoolF
     if follower is not None:
         follower.poll()
     if job.error is not None:
-        raise RunError("the Spark job hosting the workers failed: " + summarize(job.error),
-                       job_id) from None
+        reports = [r for r in (link.reports if link else None,
+                               follower.reports if follower else None) if r is not None]
+        raise _job_failure(job.error, reports, job_id) from None
     return rows.decode(job.rows or [])
+
+
+def _job_failure(error: BaseException, reports: Sequence[Reports],
+                 job_id: str) -> BaseException:
+    """The error for a Spark job that failed before task 0's rows arrived: task 0's own
+    verdict if it sent one, else the rank of the barrier task that Spark names (an
+    executor lost), else Spark's error, summarized."""
+    for report in reports:
+        if report.outcome is not None:
+            return _rebuild_error(report.outcome, report.cause, job_id)
+    text = summarize(error)
+    failed = re.search(r"barrier task ResultTask\(\d+, (\d+)\)", text)
+    plan = next((r.plan for r in reports if r.plan), {})
+    if failed and int(failed.group(1)) in plan:
+        index = int(failed.group(1))
+        rank, host = plan[index]
+        reason = next((line.strip() for line in text.splitlines()
+                       if "ExecutorLostFailure" in line or "exited" in line), "")
+        return WorkerFailedError(
+            f"rank {rank} was lost: its Spark task {index} on {host} failed and Spark "
+            f"ended the job ({reason or text.splitlines()[0]}); see the Spark executor "
+            "logs", rank, None, None, [f"rank {rank}: lost with its Spark task {index}"],
+            job_id)
+    return RunError("the Spark job hosting the workers failed: " + text, job_id)
 
 
 def _results(outcome: rows.Outcome, job_id: str, out: "_Output", num_proc: int) -> List[Any]:
