@@ -34,12 +34,13 @@ def _no_tqdm(monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm.notebook", None)  # import raises ImportError
 
 
-def _fit(display: ProgressDisplay, epochs=2, steps=10, worker_line=True):
-    """The lines of a fit with ``epochs`` epochs, as the workers' stdout carries them."""
+def _fit(display: ProgressDisplay, epochs=2, steps=10, worker_line=True, quiet_epochs=()):
+    """The lines of a fit with ``epochs`` epochs, as the workers' stdout carries them
+    (epochs in ``quiet_epochs`` are too short for a step report)."""
     out = display.stream("stdout")
     out.write(f'[0]<stdout>:{MARK}{{"kind": "start", "epochs": {epochs}}}\n')
     for epoch in range(1, epochs + 1):
-        for step in (3, 7):
+        for step in () if epoch in quiet_epochs else (3, 7):
             out.write(f'[0]<stdout>:{MARK}{{"kind": "step", "epoch": {epoch}, "step": {step},'
                       f' "steps": {steps}, "loss": 0.5}}\n')
         if worker_line:
@@ -175,16 +176,17 @@ def test_notebook_with_tqdm_reuses_one_widget_bar(monkeypatch, capsys):
     fake.tqdm = _FakeTqdm
     monkeypatch.setitem(sys.modules, "tqdm.notebook", fake)
     _FakeTqdm.made = []
-    _fit(ProgressDisplay(1))
+    _fit(ProgressDisplay(1), epochs=3, quiet_epochs=(3,))
     assert len(_FakeTqdm.made) == 1 and not displayed
     bar = _FakeTqdm.made[0]
     assert bar.kwargs["leave"] is True and bar.closed
     drawn = [entry for entry in bar.log if entry[0] != "reset"]
-    assert drawn[0] == ("Epoch 1/2", 3, 10, "loss 0.5")
-    assert ("Epoch 1/2", 10, 10, "loss 0.25") in drawn          # full at the epoch's end
-    assert drawn[-1] == ("Epoch 2/2", 10, 10, "loss 0.25")
-    assert [e for e in bar.log if e[0] == "reset"] == [("reset", 10), ("reset", 10)]
-    assert capsys.readouterr().out.count("Epoch 1/2: loss 0.25") == 1
+    assert drawn[0] == ("Epoch 1/3", 3, 10, "loss 0.5")
+    assert ("Epoch 1/3", 10, 10, "loss 0.25") in drawn          # full at the epoch's end
+    # An epoch without step reports still ends with its bar full.
+    assert drawn[-1] == ("Epoch 3/3", 10, 10, "loss 0.25")
+    assert [e for e in bar.log if e[0] == "reset"] == [("reset", 10)] * 3
+    assert capsys.readouterr().out.count("Epoch 1/3: loss 0.25") == 1
 
 
 def test_notebook_display_failure_leaves_the_epoch_lines(monkeypatch, capsys):

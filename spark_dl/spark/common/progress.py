@@ -228,7 +228,7 @@ class ProgressDisplay:
         self._buffers = {"stdout": "", "stderr": ""}
         self._bar = _make_bar(out) if verbose else None
         self._epochs = None
-        self._steps = {}  # epoch -> its number of steps, from the step events
+        self._steps = None  # steps per epoch, from the last step event
         self.events = []  # every event seen, for callers that want them
 
     @property
@@ -294,16 +294,16 @@ class ProgressDisplay:
         if kind == "start":
             self._epochs = e.get("epochs")
         elif kind == "step" and self._bar:
-            steps = max(int(e.get("steps") or 1), 1)
-            self._steps[e.get("epoch")] = steps
+            steps = self._steps = max(int(e.get("steps") or 1), 1)
             self._bar.update(e.get("epoch"), self._epochs, min(int(e.get("step", 0)), steps),
                              steps, e.get("loss"))
         elif kind == "epoch":
             logs = e.get("logs", {})
-            steps = self._steps.get(e.get("epoch"))
-            if isinstance(self._bar, _NotebookBar) and steps:
-                # Step reports are throttled: the last one is short of the epoch's end.
-                self._bar.update(e.get("epoch"), self._epochs, steps, steps, logs.get("loss"))
+            if isinstance(self._bar, _NotebookBar) and self._steps:
+                # Step reports come at most every 0.5 s: the last one falls short of the
+                # epoch's end, and a short epoch has none.
+                self._bar.update(e.get("epoch"), self._epochs, self._steps, self._steps,
+                                 logs.get("loss"))
             self.print(f"Epoch {e.get('epoch')}/{self._epochs or '?'}: {format_metrics(logs)}"
                        f" | {e.get('rows_per_s', 0):,.0f} rows/s | {e.get('seconds', 0):.1f}s")
         elif kind == "note":
