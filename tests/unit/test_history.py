@@ -61,8 +61,8 @@ def test_plot_picks_metrics_and_refuses_unknown_ones():
 
 
 def test_plot_leaves_pyplot_alone():
-    """Not registered with pyplot: a notebook shows the returned figure once, and a driver
-    that plots after every fit keeps no figures alive."""
+    """pyplot lets go of the figure: a notebook shows it once (as the cell's value), and a
+    driver that plots after every fit keeps no figures alive."""
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 

@@ -84,23 +84,24 @@ def plot_history(history: Optional[Dict[str, Sequence]], metrics: Optional[Seque
         title: the figure's title.
         figsize: matplotlib's ``(width, height)`` in inches; default 4 x 3 per panel.
 
-    The figure is not registered with pyplot, so it neither shows twice in a notebook
-    (once as the cell's value, once at the cell's end) nor stays in pyplot's memory;
-    pyplot is imported only so that a Jupyter kernel's inline display knows figures.
-    Save it with ``fig.savefig(path)``.
+    pyplot makes the figure (which sets up a Jupyter kernel's inline display of figures)
+    and lets go of it at once: a notebook shows it once, as the cell's value (not again at
+    the cell's end), ``plt.show()`` does not show it, and a driver that plots after every
+    fit keeps no figures alive. Save it with ``fig.savefig(path)``; show it with
+    ``IPython.display.display(fig)``.
 
     Raises:
         KeyError: a name in ``metrics`` is not in the history.
         ValueError: the history has no epochs.
     """
-    import matplotlib.pyplot  # noqa: F401  (a kernel's inline display of figures)
-    from matplotlib.figure import Figure
+    import matplotlib.pyplot as plt
 
     frame = history_frame(history)
     if frame.empty:
         raise ValueError("the history has no epochs to plot")
     panels = _panels(frame, metrics)
-    fig = Figure(figsize=figsize or (4 * max(len(panels), 1), 3), layout="constrained")
+    fig = plt.figure(figsize=figsize or (4 * max(len(panels), 1), 3), layout="constrained")
+    plt.close(fig)
     axes = fig.subplots(1, max(len(panels), 1), squeeze=False)[0]
     epochs = frame.index.to_numpy()
     for ax, (name, keys) in zip(axes, panels):
