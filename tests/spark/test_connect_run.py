@@ -110,3 +110,15 @@ def test_a_failure_without_the_link_still_names_the_rank(connect_spark, monkeypa
         run(raise_on_rank_1, num_proc=2, stderr=io.StringIO())
     assert time.monotonic() - start < FAILURE_BOUND_S + 5  # allGather's one-second ticks
     assert info.value.rank == 1
+
+
+def test_the_executor_probe_runs_through_connect(connect_spark, monkeypatch):
+    from spark_dl.spark.launch import executor_probe
+    from spark_dl.spark.launch.errors import ExecutorPythonError
+
+    rows, error = executor_probe._run_connect_probe(connect_spark, 2, timeout=120)
+    assert error is None and len(rows) == 2 and all(r[3] is None for r in rows)
+    monkeypatch.setattr(executor_probe, "PROBE_MODULES", ("no_such_module_here",))
+    monkeypatch.setenv("PYSPARK_PYTHON", "/elsewhere/python3")  # not known to be ours
+    with pytest.raises(ExecutorPythonError, match="No module named 'no_such_module_here'"):
+        executor_probe.check_executor_python_for_session(connect_spark, 120, tasks=2)

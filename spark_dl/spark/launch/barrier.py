@@ -2,8 +2,8 @@
 
 One path for classic and Spark Connect sessions: the caller builds
 ``spark.range(num_proc, numPartitions=num_proc).mapInArrow(BarrierMain(settings),
-rows.SCHEMA, barrier=True)`` (DataFrame API only, Spark >= 3.5) and collects it on a
-background thread (:class:`BarrierJob`). Barrier mode gang-schedules the tasks (all
+rows.SCHEMA, barrier=True)`` (:func:`barrier_frame`: DataFrame API only, Spark >= 3.5) and
+collects it on a background thread (:class:`SparkJob`). Barrier mode gang-schedules the tasks (all
 start together, or none), and fails the whole stage when one task fails.
 
 Each task (:class:`BarrierMain`):
@@ -34,7 +34,7 @@ from spark_dl.spark.launch.coordinator import Coordinator, JobSettings, error_do
 from spark_dl.spark.launch.link import coordinator_from_caller
 from spark_dl.spark.launch.task.main import TaskMain, TaskSettings, _assigned_gpus
 
-__all__ = ["BarrierMain", "BarrierJob"]
+__all__ = ["BarrierMain", "SparkJob", "barrier_frame"]
 
 # Lines of a failed Spark job's error kept in messages (the JVM part is long).
 _MAX_ERROR_LINES = 40
@@ -134,25 +134,29 @@ def summarize(exc: BaseException) -> str:
     return "\n".join(lines)
 
 
-class BarrierJob:
-    """Submits the barrier stage and collects its rows on a background thread.
+def barrier_frame(spark, num_proc: int, fn):
+    """The job's DataFrame: ``num_proc`` barrier tasks of ``fn``, one row each."""
+    return spark.range(0, num_proc, 1, num_proc).mapInArrow(fn, rows.SCHEMA, barrier=True)
+
+
+class SparkJob:
+    """Collects a DataFrame on a background thread, cancellable, in a classic or Spark
+    Connect session (the barrier stage of a job; the executor probe).
 
     Args:
         spark: the session (classic or Connect).
-        num_proc: number of tasks.
-        fn: the ``mapInArrow`` function (:class:`BarrierMain`).
+        make_frame: ``make_frame(spark)`` -> the DataFrame to collect.
         tag: unique per job: the job group (classic) or operation tag (Connect) that
             :meth:`cancel` cancels.
         description: shown in the Spark UI.
     """
 
-    def __init__(self, spark, num_proc: int, fn, tag: str, description: str):
+    def __init__(self, spark, make_frame, tag: str, description: str):
         from spark_dl.spark.launch.session import spark_context
 
         self._spark = spark
         self._sc = spark_context(spark)
-        self._num_proc = num_proc
-        self._fn = fn
+        self._make_frame = make_frame
         self.tag = tag
         self._description = description
         self._thread: Optional[threading.Thread] = None
@@ -178,9 +182,7 @@ class BarrierJob:
                 self._sc.setJobGroup(self.tag, self._description, interruptOnCancel=True)
             else:
                 spark.addTag(self.tag)  # this thread's operations (Connect: thread-local)
-            df = spark.range(0, self._num_proc, 1, self._num_proc) \
-                .mapInArrow(self._fn, rows.SCHEMA, barrier=True)
-            self.rows = df.collect()
+            self.rows = self._make_frame(spark).collect()
         except BaseException as exc:  # reported through error
             self.error = exc
         finally:

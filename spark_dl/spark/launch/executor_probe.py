@@ -194,34 +194,20 @@ def _arrow_probe_function():
 
 def _run_connect_probe(spark, tasks: int, timeout: float):
     """:func:`_run_probe` through the DataFrame API (a Spark Connect session)."""
-    tag = f"spark_dl-probe-{secrets.token_hex(4)}"
-    outcome: dict = {}
-    done = threading.Event()
+    from spark_dl.spark.launch.barrier import SparkJob
+
     probe = _arrow_probe_function()
-
-    def job():
-        try:
-            spark.addTag(tag)
-            df = spark.range(0, tasks, 1, tasks).mapInArrow(
-                probe, "host string, python string, version string, problem string")
-            outcome["rows"] = [tuple(r) for r in df.collect()]
-        except BaseException as exc:  # reported to the caller
-            outcome["error"] = exc
-        finally:
-            try:
-                spark.removeTag(tag)
-            except Exception:
-                pass
-            done.set()
-
-    threading.Thread(target=job, name="sdl-executor-probe", daemon=True).start()
-    if not done.wait(timeout):
-        try:
-            spark.interruptTag(tag)
-        except Exception:
-            pass
+    job = SparkJob(spark, lambda session: session.range(0, tasks, 1, tasks).mapInArrow(
+        probe, "host string, python string, version string, problem string"),
+        f"spark_dl-probe-{secrets.token_hex(4)}",
+        "spark_dl: can the executors' Python import spark_dl?")
+    job.start()
+    if not job.join(timeout):
+        job.cancel()
         return None, None
-    return outcome.get("rows"), outcome.get("error")
+    if job.error is not None:
+        return None, job.error
+    return [tuple(r) for r in job.rows], None
 
 
 def _check_connect(spark, timeout: float, tasks: int) -> None:

@@ -35,7 +35,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 from spark_dl.config import knobs
 from spark_dl.rendezvous.secret import make_secret
 from spark_dl.spark.launch import pickling, rows
-from spark_dl.spark.launch.barrier import BarrierJob, BarrierMain, summarize
+from spark_dl.spark.launch.barrier import BarrierMain, SparkJob, barrier_frame, summarize
 from spark_dl.spark.launch.coordinator import JobSettings
 from spark_dl.spark.launch.driver.slots import check_slots
 from spark_dl.spark.launch.errors import (ExecutorPythonError, MpiNotBuiltError,
@@ -321,9 +321,10 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
                                dict(env or {}), verbose, list(nics or []) or None,
                                prefix_output_with_timestamp, KILL_GRACE_S, launcher,
                                extra_mpi_args, local, caller, output_spool, exchange)
-        job = BarrierJob(spark, num_proc, BarrierMain(settings), f"spark_dl-run-{job_id}",
-                         f"spark_dl.spark.run: {num_proc} workers of "
-                         f"{getattr(fn, '__name__', fn)}")
+        main = BarrierMain(settings)
+        job = SparkJob(spark, lambda session: barrier_frame(session, num_proc, main),
+                       f"spark_dl-run-{job_id}", f"spark_dl.spark.run: {num_proc} workers "
+                       f"of {getattr(fn, '__name__', fn)}")
         if verbose >= 2:
             out.log(f"job {job_id}: {num_proc} workers ({launcher}) in a barrier job of "
                     f"{'a Spark Connect' if sc is None else 'this'} session; output link "
@@ -334,7 +335,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         # then can a start that never comes be told from one that cannot reach us.
         follower = SpoolFollower(output_spool, out.write) if output_spool is not None else None
         sure = follower is not None or exchange == "link"
-        outcome = _wait(job, link, follower, out, timeout if sure else None, job_id)
+        outcome = _wait(job, link, follower, timeout if sure else None, job_id, num_proc)
         phases.mark("job_ended")
         wall_times = outcome.phases
         return _results(outcome, job_id, out, num_proc)
@@ -344,8 +345,8 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         phases.report(out, verbose, wall_times, job_id)
 
 
-def _wait(job: BarrierJob, link: Optional[CallerLink], follower: Optional[SpoolFollower],
-          out: "_Output", start_timeout: Optional[float], job_id: str) -> rows.Outcome:
+def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFollower],
+          start_timeout: Optional[float], job_id: str, num_proc: int) -> rows.Outcome:
     """Waits for the job's rows, following the spool; cancels the job on a start
     timeout or an interrupt."""
     start = time.monotonic()
@@ -362,7 +363,7 @@ def _wait(job: BarrierJob, link: Optional[CallerLink], follower: Optional[SpoolF
                 job.cancel()
                 job.join(_CANCEL_WAIT_S)
                 raise StartTimeoutError(
-                    f"Spark did not start the job's {job._num_proc} barrier tasks within "
+                    f"Spark did not start the job's {num_proc} barrier tasks within "
                     f"{start_timeout + grace:g} s (start_timeout plus {grace:g} s): a barrier "
                     "stage waits until all its slots are free at once; free the cluster or "
                     "lower num_proc", job_id)

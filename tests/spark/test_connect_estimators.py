@@ -1,0 +1,170 @@
+"""The three estimators end to end through a Spark Connect session (``local[2]`` behind an
+in-process Connect server): fit -> transform -> save/load -> Pipeline, resume by run_id,
+and bad inputs refused before any job. One small fit per framework (two for torch)."""
+
+import io
+import sys
+from contextlib import redirect_stdout
+
+import cloudpickle
+import numpy as np
+import pytest
+
+pytest.importorskip("pyspark", minversion="4.0")
+pytest.importorskip("grpc")
+torch = pytest.importorskip("torch")
+
+from pyspark.ml import Pipeline, PipelineModel  # noqa: E402
+
+from spark_dl.spark.common.store import Store  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(400)]
+
+W = np.array([1.5, -2.0, 0.5, 1.0])
+
+
+def regression_df(spark, rows=256, seed=0):
+    from pyspark.ml.linalg import Vectors
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 4))
+    y = x @ W + 0.3
+    return spark.createDataFrame([(Vectors.dense(r), float(t)) for r, t in zip(x, y)],
+                                 ["features", "y"])
+
+
+def features_of(pdf):
+    return np.stack([v.toArray() for v in pdf["features"]]).astype("float32")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return Store.create(str(tmp_path_factory.mktemp("connect_est") / "store"))
+
+
+@pytest.fixture(scope="module")
+def df(connect_spark):
+    return regression_df(connect_spark)
+
+
+def torch_estimator(store, **kwargs):
+    from spark_dl.spark.torch import TorchEstimator
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    params = dict(num_proc=2, store=store, model=net,
+                  optimizer=torch.optim.Adam(net.parameters(), lr=0.05),
+                  loss=torch.nn.functional.mse_loss, feature_cols=["features"],
+                  label_cols=["y"], batch_size=32, epochs=2, validation=0.25, verbose=1,
+                  use_gpu=False)
+    params.update(kwargs)
+    return TorchEstimator(**params)
+
+
+def _check_predictions(model, module, df, col="y__output"):
+    pdf = model.transform(df).toPandas()
+    with torch.no_grad():
+        want = module(torch.from_numpy(features_of(pdf))).numpy().reshape(-1)
+    got = np.asarray([float(np.asarray(v).reshape(-1)[0]) for v in pdf[col]])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_torch_fit_transform_persistence_and_resume(connect_spark, df, store, tmp_path):
+    from spark_dl.spark.torch import TorchModel
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        model = torch_estimator(store, run_id="connect_resume").fit(df)
+    assert "Epoch 2/2" in out.getvalue()
+    history = model.getHistory()
+    assert len(history["loss"]) == 2 and "val_loss" in history
+    _check_predictions(model, model.getModel(), df)
+    # ML persistence and a Pipeline round trip, through the Connect session.
+    model.write().overwrite().save(str(tmp_path / "model"))
+    loaded = TorchModel.load(str(tmp_path / "model"))
+    _check_predictions(loaded, model.getModel(), df)
+    pipeline = Pipeline(stages=[torch_estimator(store, epochs=1)]).fit(df)
+    pipeline.write().overwrite().save(str(tmp_path / "pipeline"))
+    back = PipelineModel.load(str(tmp_path / "pipeline"))
+    assert back.transform(df).count() == df.count()
+    # The same run_id resumes after the last epoch.
+    out = io.StringIO()
+    with redirect_stdout(out):
+        resumed = torch_estimator(store, run_id="connect_resume", epochs=3).fit(df)
+    assert "resuming run connect_resume after epoch 2" in out.getvalue()
+    assert len(resumed.getHistory()["loss"]) >= 1
+
+
+def test_keras_fit_and_transform(connect_spark, df, store):
+    keras = pytest.importorskip("keras")
+    from spark_dl.spark.keras import KerasEstimator
+
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                            keras.layers.Dense(1)])
+    est = KerasEstimator(num_proc=2, store=store, model=net,
+                         optimizer=keras.optimizers.Adam(0.05), loss="mse",
+                         feature_cols=["features"], label_cols=["y"], batch_size=32,
+                         epochs=2, verbose=1)
+    model = est.fit(df)
+    assert len(model.getHistory()["loss"]) == 2
+    pdf = model.transform(df).toPandas()
+    want = model.getModel().predict(features_of(pdf), verbose=0).reshape(-1)
+    got = np.asarray([float(np.asarray(v).reshape(-1)[0]) for v in pdf["y__output"]])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_lightning_fit_and_transform(connect_spark, df, store):
+    pytest.importorskip("lightning.pytorch")
+    from spark_dl.spark.lightning import LightningEstimator
+
+    est = LightningEstimator(num_proc=2, store=store, model=_lightning_module(),
+                             feature_cols=["features"], label_cols=["y"], batch_size=32,
+                             epochs=2, verbose=1)
+    model = est.fit(df)
+    assert model.getHistory()
+    _check_predictions(model, model.getModel(), df)
+
+
+def _lightning_module():
+    import lightning.pytorch as pl
+
+    class Regression(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                           torch.nn.Linear(8, 1))
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.mse_loss(self(batch["features"]).squeeze(-1),
+                                                batch["y"])
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.05)
+
+    return Regression()
+
+
+def test_bad_inputs_fail_before_any_job(connect_spark, df, store):
+    import threading
+
+    with pytest.raises(KeyError, match="column .nope. is not in the DataFrame"):
+        torch_estimator(store, feature_cols=["nope"]).fit(df)
+
+    lock = threading.Lock()
+
+    def loss(output, label):
+        with lock:
+            return torch.nn.functional.mse_loss(output, label)
+
+    with pytest.raises(TypeError, match="lock"):
+        torch_estimator(store, loss=loss).fit(df)
+    with pytest.raises(Exception, match="num_proc=3 exceeds the 2 task slots"):
+        torch_estimator(store, num_proc=3).fit(df)
