@@ -19,6 +19,8 @@ from pyspark.ml import Pipeline, PipelineModel  # noqa: E402
 from spark_dl.spark.common.store import Store  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+# Spark's own functions (the store probe's) go through pyspark's copy of cloudpickle.
+pytest.importorskip("pyspark.cloudpickle").register_pickle_by_value(sys.modules[__name__])
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(400)]
 
 W = np.array([1.5, -2.0, 0.5, 1.0])
@@ -168,3 +170,26 @@ def test_bad_inputs_fail_before_any_job(connect_spark, df, store):
         torch_estimator(store, loss=loss).fit(df)
     with pytest.raises(Exception, match="num_proc=3 exceeds the 2 task slots"):
         torch_estimator(store, num_proc=3).fit(df)
+
+
+class _ElsewhereStore(Store.create("/tmp").__class__):
+    """Writes on the caller's side land in another folder than the executors read:
+    a local path of a Connect client, seen from a cluster."""
+
+    def write(self, path, data):
+        import os
+
+        target = path.replace(self.prefix_path, self.prefix_path + "_caller", 1)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.write(data)
+
+
+def test_a_store_the_executors_cannot_reach_fails_first(connect_spark, monkeypatch, tmp_path):
+    from spark_dl.spark.common import store_check
+
+    monkeypatch.setattr(store_check, "_same_machine", lambda spark: False)
+    store_check.check_store_reachable(connect_spark, Store.create(str(tmp_path / "ok")), 2)
+    bad = _ElsewhereStore(str(tmp_path / "bad"))
+    with pytest.raises(store_check.StoreUnreachableError, match="cannot read the store"):
+        store_check.check_store_reachable(connect_spark, bad, 2)

@@ -9,10 +9,12 @@ start together, or none), and fails the whole stage when one task fails.
 Each task (:class:`BarrierMain`):
 
 - task 0 starts the job's coordinator (:mod:`~spark_dl.spark.launch.coordinator`) and
-  tells the others where it listens through ``BarrierTaskContext.allGather``; then runs
-  its own task role on a thread while it coordinates, and yields the job's rows;
-- every other task learns task 0's address from the same ``allGather`` and runs its task
-  role (:class:`~spark_dl.spark.launch.task.main.TaskMain`): it yields nothing, or a
+  tells the others where it listens: through the caller link where the executors surely
+  reach the caller (classic sessions, local masters: ``exchange="link"``), else through
+  ``BarrierTaskContext.allGather`` (whose early callers wait for its next one-second
+  tick); then runs its own task role on a thread while it coordinates, and yields the
+  job's rows;
+- every other task learns task 0's address the same way and runs its task role (:class:`~spark_dl.spark.launch.task.main.TaskMain`): it yields nothing, or a
   report of a failure it could not send to task 0.
 
 The job's settings, with its secret and the pickled function, travel inside the
@@ -26,7 +28,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import traceback
 from typing import Iterable, Iterator, List, Optional
 
 from spark_dl.spark.launch import rows
@@ -76,14 +77,16 @@ class BarrierMain:
             address = ctx.getTaskInfos()[0].address
         except Exception:
             address = ""
-        coordinator = Coordinator(s, address)
+        coordinator = None
         try:
+            coordinator = Coordinator(s, address)
             endpoints = coordinator.start()
             if s.exchange == "link":
                 coordinator.route.announce(endpoints)
         except BaseException as exc:  # the others must still learn that it failed
             self._tell(coordinator, {"error": f"{type(exc).__name__}: {exc}"})
-            coordinator.stop()
+            if coordinator is not None:
+                coordinator.stop()
             return [("error", -1, 0, json.dumps(error_document(exc, s.job_id)).encode())]
         self._tell(coordinator, {"endpoints": endpoints}, announced=True)
         reports: List[dict] = []
@@ -103,7 +106,7 @@ class BarrierMain:
         """Task 0 tells the other tasks where it listens, or why it could not start."""
         if self.settings.exchange == "gather":
             _barrier_context().allGather(json.dumps(message))
-        elif not announced and coordinator.route is not None:
+        elif not announced and coordinator is not None and coordinator.route is not None:
             try:
                 coordinator.route.announce(error=message.get("error"))
             except Exception:
@@ -116,10 +119,10 @@ class BarrierMain:
         else:
             try:
                 first = coordinator_from_caller(s.secret, s.caller, s.start_timeout + 60.0)
-            except Exception:
+            except Exception as exc:
                 return [("task", index, 0, json.dumps(
                     {"index": index, "host": socket.gethostname(),
-                     "traceback": traceback.format_exc()}).encode())]
+                     "traceback": f"{type(exc).__name__}: {exc}"}).encode())]
         if "endpoints" not in first:
             return []  # task 0 could not start: its rows say why
         report = TaskMain(_task_settings(self.settings, first["endpoints"]))(index, gpus)

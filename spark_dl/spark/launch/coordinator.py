@@ -7,7 +7,8 @@ instead, in the executor that runs it:
 
 1. task 0 starts the driver service (registrations, code, results, errors, output:
    :mod:`~spark_dl.spark.launch.driver.service`) and the rendezvous server, and every
-   task learns their addresses through ``BarrierTaskContext.allGather``;
+   task learns their addresses through the caller link or ``BarrierTaskContext.allGather``
+   (:mod:`~spark_dl.spark.launch.barrier`);
 2. every task (task 0 too, on a thread) starts its task service and registers;
 3. task 0 assigns ranks grouped by host, starts the workers through the task services
    (Gloo) or runs ``mpirun`` with the rsh agent (MPI: ``orted`` still runs inside the

@@ -226,6 +226,8 @@ def _check_connect(spark, timeout: float, tasks: int) -> None:
             return
     rows, error = _run_connect_probe(spark, max(1, tasks), timeout)
     _judge(rows, error, python)
+    if rows is None:
+        return  # timed out: not known to be wrong, nor right
     with _lock:
         _checked.add(key)
 

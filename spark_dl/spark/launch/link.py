@@ -14,7 +14,7 @@ preference:
 2. **through a spool** (:class:`Spool`): when the link cannot be made (a Connect client
    the cluster cannot reach, ``SDL_SPARK_CALLER_LINK=off``) and the caller gave a spool,
    task 0 writes numbered pieces into it (the estimators' spool is a folder of the run
-   in the Store), and the caller follows it (:class:`SpoolFollower`) every half second.
+   in the Store), and the caller follows it (:class:`SpoolFollower`) every quarter second.
 3. **in the result**: with neither, task 0 keeps the output (the last
    :data:`KEEP_BYTES`) and returns it in the job's rows; the caller prints it when the
    job ends. Nothing is lost short of that bound, and the executors' logs keep the rest.
@@ -41,7 +41,9 @@ __all__ = ["CallerLink", "OutputRoute", "Reports", "Spool", "SpoolFollower", "KE
 KEEP_BYTES = 8 << 20
 # How long task 0 tries to reach the caller at start.
 HELLO_TIMEOUT_S = 3.0
-_LINK_LIMITS = {"output": 64 << 20}
+_LINK_LIMITS = {"output": 64 << 20, "report": 64 << 20}
+# A task gives up asking the caller link after this long without reaching it.
+UNREACHABLE_S = 15.0
 # Longest wait of one ``where`` call (the tasks' calls time out later than this).
 MAX_WHERE_WAIT_S = 5.0
 # The spool is written at most this often (pieces gather what came meanwhile).
@@ -200,6 +202,7 @@ class OutputRoute:
                  spool: Optional[Spool], echo: Optional[Callable[[str, bytes], None]] = None):
         self._spool = spool
         self._echo = echo
+        self._caller = list(caller or [])
         self._lock = threading.Lock()
         self._seq = 0
         self.kept: Deque[Tuple[int, str, bytes]] = collections.deque()
@@ -253,7 +256,10 @@ class OutputRoute:
         """
         client = self._client
         if client is None:
-            raise ConnectionError("the caller link is down")
+            raise ConnectionError(
+                f"task 0 cannot reach the caller's link at {self._caller} (a firewall "
+                "between the executors and the Spark driver's host? choose the interface "
+                "with nics=, or set SDL_SPARK_CALLER_LINK=off)")
         client.call("coordinator", endpoints=endpoints, error=error)
 
     def write(self, stream: str, data: bytes) -> None:
@@ -321,15 +327,17 @@ class OutputRoute:
             self._client.close()
 
 
-def coordinator_from_caller(secret: bytes, caller: Sequence[Endpoint],
-                            timeout: float) -> dict:
+def coordinator_from_caller(secret: bytes, caller: Sequence[Endpoint], timeout: float,
+                            unreachable_s: float = UNREACHABLE_S) -> dict:
     """A task's question to the caller link: where does task 0 listen? Returns
     ``{"endpoints": [...]}`` or ``{"error": text}``.
 
     Raises:
         TimeoutError: no answer within ``timeout`` seconds.
+        ConnectionError: the link was unreachable for ``unreachable_s`` seconds.
     """
     deadline = time.monotonic() + timeout
+    last_contact = time.monotonic()
     with ServiceClient("caller", secret, caller, timeout=MAX_WHERE_WAIT_S + 10.0) as client:
         while True:
             left = deadline - time.monotonic()
@@ -337,7 +345,14 @@ def coordinator_from_caller(secret: bytes, caller: Sequence[Endpoint],
                 raise TimeoutError(f"task 0 did not say where it listens within {timeout:g} s")
             try:
                 answer = client.call("where", wait_s=min(left, MAX_WHERE_WAIT_S))
-            except ConnectionError:
+                last_contact = time.monotonic()
+            except ConnectionError as exc:
+                if time.monotonic() - last_contact > unreachable_s:
+                    raise ConnectionError(
+                        f"the caller's link at {list(caller)} is unreachable from this "
+                        f"executor ({exc}): a firewall between the executors and the "
+                        "Spark driver's host? Choose the interface with nics=, or set "
+                        "SDL_SPARK_CALLER_LINK=off") from None
                 time.sleep(min(0.5, max(left, 0)))
                 continue
             if answer:

@@ -135,8 +135,9 @@ def _check_mpi() -> Tuple[str, str]:
     """(path, version) of Open MPI's ``mpirun``; raises MpiNotBuiltError without MPI."""
     if shutil.which("mpirun") is None:
         raise MpiNotBuiltError(
-            "spark_dl.spark.run(use_mpi=True) needs Open MPI's mpirun on the driver's PATH "
-            "(and orted on every executor host): install Open MPI (Debian/Ubuntu: apt-get "
+            "spark_dl.spark.run(use_mpi=True) needs Open MPI's mpirun on the PATH of the "
+            "process that runs it (task 0's executor; on local masters this machine) and "
+            "orted on every executor host: install Open MPI (Debian/Ubuntu: apt-get "
             "install openmpi-bin libopenmpi-dev), or run with Gloo (use_mpi=None)")
     try:
         path, version = find_mpirun()

@@ -146,7 +146,10 @@ def caller_addresses(spark, master: str,
     if not is_connect(spark):
         return driver_addresses(lambda key: conf_get(spark, key), master, nics)
     if nics:
-        addresses = interface_addresses(nics)
+        try:
+            addresses = interface_addresses(nics)
+        except ValueError:  # the interfaces are the executors'; the link is optional
+            addresses = []
     elif is_local_master(master):
         addresses = ["127.0.0.1"]
     else:

@@ -435,7 +435,7 @@ def _rebuild_error(doc: dict, cause: Optional[bytes], job_id: str) -> BaseExcept
                 pass
         return error
     if name == "MpiNotBuiltError":
-        return MpiNotBuiltError(f"{message} (in task 0's executor)")
+        return MpiNotBuiltError(message)
     if name == "ExecutorPythonError":
         return ExecutorPythonError(message, job_id, doc.get("python", ""))
     if name in _ERRORS:

@@ -346,7 +346,7 @@ class DriverService:
                     missing = sorted(set(range(self.num_proc)) - set(self._registrations))
                     raise StartTimeoutError(
                         f"{len(missing)} of {self.num_proc} Spark tasks did not register "
-                        f"with the driver within {timeout:g} s: tasks "
+                        f"with the job's coordinator (task 0) within {timeout:g} s: tasks "
                         f"{', '.join(map(str, missing))}. {advice}".rstrip())
                 self._cond.wait(min(left, 0.1))
             return [self._registrations[i] for i in range(self.num_proc)]

@@ -101,9 +101,10 @@ def _load_function(pickler, code: dict):
         return pickler.loads(code["function"])
     except Exception as exc:
         raise RuntimeError(
-            f"cannot load the function sent by the driver ({exc}); it was pickled with "
-            f"{code['pickler']} on the driver, this worker has {pickling.describe()}: the "
-            "executors must run the driver's Python environment (set PYSPARK_PYTHON)"
+            f"cannot load the function sent by the caller of spark_dl.spark.run ({exc}); it "
+            f"was pickled with {code['pickler']} there, this worker has "
+            f"{pickling.describe()}: the executors must run the caller's Python environment "
+            "(set PYSPARK_PYTHON)"
         ) from exc
 
 
