@@ -1,10 +1,12 @@
-"""A fit through a separate Spark Connect server process, as a notebook on Databricks does.
+"""Through a separate Spark Connect server process, as a notebook on Databricks works.
 
-The server (``SparkConnectServer`` from the pyspark install, ``local[2]``, loopback) runs
-in its own process; this process is only its client, and the job may not connect back to
-it (``SDL_SPARK_CALLER_LINK=off``, as when the cluster cannot reach a notebook): the
-progress lines and metrics come through the run's folder in the Store while the fit
-runs, and the fitted model comes back through the job's rows.
+The server (``SparkConnectServer`` from the pyspark install, on loopback) runs a
+``local-cluster[2,1,1024]`` application (two executor JVMs, each announcing one fake GPU
+through a discovery script) in its own process; this process is only its client, and the
+job may not connect back to it (``SDL_SPARK_CALLER_LINK=off``, as when the cluster cannot
+reach a notebook): task 0's address travels by ``allGather``, the progress lines and
+metrics come through the run's folder in the Store while the fit runs, and the results
+and the fitted model come back through the job's rows.
 """
 
 import io
@@ -20,6 +22,8 @@ import pytest
 pytest.importorskip("pyspark", minversion="4.0")
 pytest.importorskip("grpc")
 torch = pytest.importorskip("torch")
+
+from test_run_cases import _FAKE_GPU_DISCOVERY, topology  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
@@ -54,11 +58,15 @@ def remote_spark(tmp_path_factory):
 
     home = os.path.dirname(pyspark.__file__)
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("connect") / "server.log"
+    folder = tmp_path_factory.mktemp("connect")
+    log_path = folder / "server.log"
+    script = folder / "discover_gpus.sh"
+    script.write_text(_FAKE_GPU_DISCOVERY)
+    script.chmod(0o755)
     env = dict(os.environ, SPARK_HOME=home, PYSPARK_PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join([ROOT] + [p for p in os.environ.get(
                    "PYTHONPATH", "").split(os.pathsep) if p]))
-    command = [os.path.join(home, "bin", "spark-submit"), "--master", "local[2]",
+    command = [os.path.join(home, "bin", "spark-submit"), "--master", "local-cluster[2,1,1024]",
                "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
                "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
                "--conf", f"spark.connect.grpc.binding.port={port}",
@@ -67,6 +75,11 @@ def remote_spark(tmp_path_factory):
                "--conf", "spark.default.parallelism=2",
                "--conf", "spark.sql.shuffle.partitions=2",
                "--conf", "spark.driver.memory=1g",
+               "--conf", "spark.executor.memory=512m",
+               "--conf", "spark.worker.resource.gpu.amount=1",
+               "--conf", f"spark.worker.resource.gpu.discoveryScript={script}",
+               "--conf", "spark.executor.resource.gpu.amount=1",
+               "--conf", "spark.task.resource.gpu.amount=1",
                "--conf", f"spark.pyspark.python={sys.executable}"]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -93,6 +106,21 @@ def remote_spark(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait(10)
+
+
+def test_run_across_executors_with_their_gpus(remote_spark, monkeypatch):
+    from spark_dl.spark import run
+
+    monkeypatch.setenv("SDL_SPARK_CALLER_LINK", "off")
+    out = io.StringIO()
+    results = run(topology, args=("r",), num_proc=2, stdout=out, stderr=io.StringIO())
+    assert [r["rank"] for r in results] == [0, 1]
+    for rank, r in enumerate(results):
+        assert (r["size"], r["local_rank"], r["local_size"]) == (2, rank, 2)
+        assert r["sum"] == 3.0 and r["devices"] == ["0"] and r["cuda"] == "0"
+        assert r["secret_visible"] is False
+    assert results[0]["task_parent"] != results[1]["task_parent"]  # two executor JVMs
+    assert "[1]<stdout>:hello from rank 1\n" in out.getvalue()
 
 
 def test_fit_through_a_separate_server_with_no_way_back(remote_spark, tmp_path, monkeypatch):
