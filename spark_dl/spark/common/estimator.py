@@ -59,12 +59,18 @@ _default_store: Optional[Store] = None
 def default_store(spark) -> Store:
     """One temporary LocalStore per driver process (removed at exit), on local masters.
 
-    Sharing it between fits lets a second fit reuse prepared data.
+    Sharing it between fits lets a second fit reuse prepared data. The master comes from
+    the session conf, so classic and Spark Connect sessions both answer; a master the
+    server does not show, or a Connect server on another host, needs a store.
     """
     global _default_store
-    master = spark.sparkContext.master
-    if not master.startswith("local"):
-        raise ValueError(f"store is required with master {master!r}: the executors must "
+    from spark_dl.spark.common.session import connect_host, is_local_master, master_of
+
+    if not is_local_master(spark):
+        host = connect_host(spark)
+        where = f"master {master_of(spark)!r}" + (f" (Spark Connect server {host})"
+                                                  if host else "")
+        raise ValueError(f"store is required with {where}: the executors must "
                          "reach it, e.g. store=Store.create('hdfs:///user/me/spark_dl') or "
                          "an s3:// / shared-filesystem prefix")
     with _default_store_lock:
