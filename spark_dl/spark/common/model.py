@@ -4,10 +4,13 @@
 ``<label>__output``) and keeps every column of ``df``. Prediction runs in a scalar-iterator
 pandas UDF over Arrow batches: the framework's
 :class:`~spark_dl.spark.common.adapter.Predictor` travels to the executors once per
-transform as a Spark broadcast and is unpickled once per Python worker (a small cache keyed
-by the transform), then applied to the rows of each Arrow batch. Feature columns are
-converted as in training: vectors through Spark's ``vector_to_array`` with the dtype
-training used, and the predictor casts to the model's dtype.
+transform and is unpickled once per Python worker (a small cache keyed by the transform),
+then applied to the rows of each Arrow batch. It travels as a Spark broadcast on classic
+sessions; Spark Connect has no broadcast, so there it rides in the UDF itself when small
+and, when larger, as a session artifact file that the executors read (see
+:func:`_ship_predictor`). Feature columns are converted as in training: vectors through
+Spark's ``vector_to_array`` with the dtype training used, and the predictor casts to the
+model's dtype.
 
 Output column types: one value per row -> double; several values per row -> a Spark ML
 DenseVector (Horovod's format), or with ``output_format="array"`` an array of the model's
@@ -152,9 +155,9 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
                              "predictionCol/probabilityCol/rawPredictionCol must differ")
         ml_kind = self.getPredictionKind() if ml_cols else None
 
-        bc = df.sparkSession.sparkContext.broadcast(pickler().dumps(predictor))
-        predict_udf = _make_udf(uuid.uuid4().hex, bc, features, specs, kinds, types, ml_kind,
-                                len(ml_cols))
+        shipped = _ship_predictor(df.sparkSession, pickler().dumps(predictor))
+        predict_udf = _make_udf(uuid.uuid4().hex, shipped, features, specs, kinds, types,
+                                ml_kind, len(ml_cols))
         inputs = []
         for col in features:
             c = _col(col)
@@ -253,6 +256,103 @@ def _first_row(df, features):
     return row.asDict()
 
 
+# ----------------------------------------------------------------------------- shipping
+
+#: Pickled predictors up to this size ride in the UDF on Spark Connect. Every request that
+#: carries the plan (each action, and each schema lookup of a DataFrame built on the
+#: output) resends them, and each task's serialized function holds a copy in the JVM, so
+#: larger ones go as an artifact file, uploaded once per session.
+_INLINE_BYTES = 1 << 20
+#: Without artifacts, the most a predictor may weigh in the plan: Spark Connect's gRPC
+#: messages are capped at 128 MiB by default (client and server), and the plan holds
+#: more than the predictor.
+_INLINE_MAX_BYTES = 96 << 20
+_ARTIFACT_PREFIX = "spark_dl_predictor_"
+_uploaded = set()  # (session id, artifact name) already added in this process
+_uploaded_lock = threading.Lock()
+
+
+class _Inline:
+    """A pickled predictor carried in the UDF's closure (Spark Connect)."""
+
+    def __init__(self, blob: bytes):
+        self.value = blob
+
+
+class _ArtifactFile:
+    """A pickled predictor in a session artifact file (Spark Connect): ``value`` reads it
+    where the executors keep the session's files."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @property
+    def value(self) -> bytes:
+        from pyspark import SparkFiles
+
+        with open(SparkFiles.get(self.name), "rb") as f:
+            return f.read()
+
+
+def _ship_predictor(spark, blob: bytes):
+    """How the pickled predictor ``blob`` reaches the executors; the object has ``value``
+    (the bytes) there.
+
+    Classic sessions: a broadcast (one copy per executor, fetched once). Spark Connect: the
+    bytes themselves up to :data:`_INLINE_BYTES`, else a session artifact file named after
+    the bytes' SHA-256 (so the same model is uploaded once per session; artifacts stay
+    until the session ends); where the server refuses artifacts, the bytes again up to
+    :data:`_INLINE_MAX_BYTES`, beyond which a ValueError says what to do.
+    """
+    from spark_dl.spark.common.session import is_connect
+
+    if not is_connect(spark):
+        return spark.sparkContext.broadcast(blob)
+    if len(blob) <= _INLINE_BYTES:
+        return _Inline(blob)
+    try:
+        return _ArtifactFile(_upload_artifact(spark, blob))
+    except Exception as e:  # a server without artifact support, or refusing files
+        if len(blob) <= _INLINE_MAX_BYTES:
+            import sys
+
+            print(f"spark_dl: the Spark Connect server took no artifact file ({e}); the "
+                  f"model ({len(blob) / 2 ** 20:.1f} MiB pickled) goes inside the query "
+                  "instead", file=sys.stderr, flush=True)
+            return _Inline(blob)
+        raise ValueError(
+            f"the model is {len(blob) / 2 ** 20:.0f} MiB pickled, too large to send inside a "
+            f"Spark Connect query (gRPC messages are capped at 128 MiB by default), and the "
+            f"server took no artifact file ({type(e).__name__}: {e}); transform on a classic "
+            "Spark session, or with a smaller model") from e
+
+
+def _upload_artifact(spark, blob: bytes) -> str:
+    """Adds ``blob`` to the Connect session's files (once per session and content); returns
+    its name."""
+    import hashlib
+    import os
+    import shutil
+    import tempfile
+
+    name = f"{_ARTIFACT_PREFIX}{hashlib.sha256(blob).hexdigest()[:32]}.pkl"
+    key = (getattr(spark, "session_id", None) or id(spark), name)
+    with _uploaded_lock:
+        if key in _uploaded:
+            return name
+    folder = tempfile.mkdtemp(prefix="spark_dl_artifact_")
+    try:
+        path = os.path.join(folder, name)
+        with open(path, "wb") as f:
+            f.write(blob)
+        spark.addArtifacts(path, file=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    with _uploaded_lock:
+        _uploaded.add(key)
+    return name
+
+
 # ----------------------------------------------------------------------------- executor side
 
 _predictors: "collections.OrderedDict[str, object]" = collections.OrderedDict()
@@ -260,14 +360,15 @@ _predictors_lock = threading.Lock()
 _MAX_PREDICTORS = 2
 
 
-def _executor_predictor(key: str, bc):
-    """The predictor of transform ``key``, unpickled once per Python worker."""
+def _executor_predictor(key: str, shipped):
+    """The predictor of transform ``key``, unpickled once per Python worker from
+    ``shipped.value`` (see :func:`_ship_predictor`)."""
     from spark_dl.spark.launch.pickling import pickler
 
     with _predictors_lock:
         predictor = _predictors.get(key)
         if predictor is None:
-            predictor = pickler().loads(bc.value)
+            predictor = pickler().loads(shipped.value)
             predictor.prepare()
             _predictors[key] = predictor
             while len(_predictors) > _MAX_PREDICTORS:
@@ -322,14 +423,14 @@ def ml_columns(kind: str, output: np.ndarray) -> List[np.ndarray]:
     return [np.argmax(out, axis=1).astype(np.float64), prob, out]
 
 
-def _make_udf(key, bc, features, specs, kinds, types, ml_kind=None, n_ml=0):
+def _make_udf(key, shipped, features, specs, kinds, types, ml_kind=None, n_ml=0):
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
 
     schema = T.StructType([T.StructField(f"_{i}", t, True) for i, t in enumerate(types)])
 
     def run(batches):
-        predictor = _executor_predictor(key, bc)
+        predictor = _executor_predictor(key, shipped)
         for columns in batches:
             if isinstance(columns, pd.Series):
                 columns = (columns,)
