@@ -3,7 +3,8 @@
 Steps, in order (nothing is written before step 4):
 
 1. check the arguments and the DataFrame's schema (missing columns, unsupported types);
-2. look the request up in the training-data cache (:mod:`.cache`); a hit returns at once;
+2. look the request up in the training-data cache (:mod:`.cache`); a hit returns at once
+   (a plan the cache cannot key, e.g. SQL text on Spark Connect, is written afresh);
 3. check that the store is writable (and, with ``compress_sparse``, find each vector
    column's layout with one Arrow pass);
 4. write: one ``mapInArrow`` job converts the columns with Spark's own functions
@@ -18,10 +19,12 @@ Steps, in order (nothing is written before step 4):
 
 import json
 import time
+import uuid
 from typing import List, Optional, Sequence, Tuple, Union
 
 from spark_dl.spark.common import constants
-from spark_dl.spark.common.cache import TrainingDataCache, cache_key, delete_dataset
+from spark_dl.spark.common.cache import (TrainingDataCache, UncacheablePlan, cache_key,
+                                         delete_dataset)
 from spark_dl.spark.common.metadata import load_metadata
 from spark_dl.spark.common.parquet_writer import (SPLIT_COLUMN, PartitionWriter,
                                                   sparse_columns, summary_schema)
@@ -144,12 +147,16 @@ def prepare_data(num_processes: int, store: Store, df,
               "seed": seed, "format": constants.METADATA_FORMAT_VERSION}
     if allow_nonfinite:  # only then: the keys of datasets checked as before stay the same
         params["allow_nonfinite"] = True
-    key = cache_key(df, store, params)
-    idx = cache.get(key)
+    try:
+        key = cache_key(df, store, params)
+    except UncacheablePlan as e:
+        _log(verbose, f"not caching this dataset: {e}")
+        key = None
+    idx = cache.get(key) if key else None
     if idx is not None:
         _log(verbose, f"reusing prepared dataset {idx} (same plan and parameters)")
         return DatasetIndex(idx, store)
-    idx = key[:16]
+    idx = (key or uuid.uuid4().hex)[:16]  # uncached: a fresh index no request shares
 
     # 3. the store (and, for compress_sparse, the vector layout)
     vector_cols = [n for n, i in infos.items() if i.kind == constants.KIND_VECTOR]
@@ -219,7 +226,8 @@ def prepare_data(num_processes: int, store: Store, df,
         "rows_per_row_group": rows_per_group,
     }
     store.write_text(store.get_data_metadata_path(idx), json.dumps(meta, indent=1))
-    cache.put(key, store, idx)
+    if key:
+        cache.put(key, store, idx)
     _log(verbose, f"prepared dataset {idx}: {splits['train']['rows']} train / "
                   f"{splits['val']['rows']} val rows in {time.time() - t0:.1f}s")
     if verbose:
