@@ -12,6 +12,12 @@ built with :func:`~spark_dl.spark.common.params.define_params` get this behaviou
 inside ``Pipeline``/``PipelineModel`` too, since pyspark's pipeline reader calls
 ``Cls.load`` for Python stages.
 
+Both parts go through the DataFrame API only, so the same code saves and loads on classic
+and Spark Connect sessions, and either reads what the other wrote. The one classic-only
+step is ``overwrite()``: pyspark deletes the old path through py4j. On Connect the server's
+ML helper deletes it (Spark 4 servers, as pyspark's own Connect writers do); a server
+without one gets both parts written in overwrite mode instead.
+
 The blob goes through the driver (base64 in memory, read back with ``collect``), which suits
 models up to a few hundred MB; ``spark.driver.maxResultSize`` bounds what can be loaded.
 """
@@ -50,13 +56,19 @@ def _split(instance):
     return plain, pickled
 
 
-def _write_blob(spark, path: str, data: bytes) -> None:
+def _write_lines(spark, path: str, lines, replace: bool = False) -> None:
+    """``lines`` as one text file under the directory ``path`` (replacing it when
+    ``replace``, else failing if it exists)."""
+    spark.createDataFrame([(line,) for line in lines], "value string").coalesce(1) \
+        .write.mode("overwrite" if replace else "error").text(path)
+
+
+def _write_blob(spark, path: str, data: bytes, replace: bool = False) -> None:
     text = base64.b64encode(data).decode("ascii")
     step = _LINE_BYTES * 4 // 3
     lines = [f"{i:09d} {text[start:start + step]}"
              for i, start in enumerate(range(0, max(len(text), 1), step))]
-    spark.createDataFrame([(line,) for line in lines], "value string").coalesce(1) \
-        .write.text(path)
+    _write_lines(spark, path, lines, replace)
 
 
 def _read_blob(spark, path: str) -> bytes:
@@ -73,6 +85,17 @@ class ParamsWriter(MLWriter):
     def __init__(self, instance):
         super().__init__()
         self.instance = instance
+        self._replace = False  # write the parts in overwrite mode (Connect, see save)
+
+    def save(self, path: str) -> None:
+        """Saves to ``path``; after ``overwrite()`` an existing ``path`` is replaced."""
+        from spark_dl.spark.common.session import is_connect
+
+        if not (self.shouldOverwrite and is_connect(self.sparkSession)):
+            super().save(path)  # classic: pyspark's overwrite through py4j
+            return
+        self._replace = not _delete_on_connect(path)
+        self.saveImpl(path)
 
     def saveImpl(self, path: str) -> None:
         from spark_dl.spark.launch.pickling import pickler
@@ -86,9 +109,24 @@ class ParamsWriter(MLWriter):
                             f"{sorted(pickled)} cannot be pickled ({type(e).__name__}: {e})"
                             ) from e
         extra = {"spark_dl": {"format": FORMAT_VERSION, "pickled_params": sorted(pickled)}}
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
-                                         extraMetadata=extra, paramMap=plain)
-        _write_blob(self.sparkSession, os.path.join(path, "data"), blob)
+        # What DefaultParamsWriter.saveMetadata writes, in a mode this writer chooses.
+        metadata = DefaultParamsWriter._get_metadata_to_save(
+            self.instance, self.sparkSession, extraMetadata=extra, paramMap=plain)
+        _write_lines(self.sparkSession, os.path.join(path, "metadata"), [metadata],
+                     self._replace)
+        _write_blob(self.sparkSession, os.path.join(path, "data"), blob, self._replace)
+
+
+def _delete_on_connect(path: str) -> bool:
+    """Deletes ``path`` through the Spark Connect server's ML helper, as pyspark's Connect
+    writers do for pipelines; False where the client or server has no such helper."""
+    try:
+        from pyspark.ml.connect.readwrite import RemoteMLWriter
+
+        RemoteMLWriter.handleOverwrite(path, True)
+    except Exception:
+        return False
+    return True
 
 
 class ParamsReader(MLReader):
