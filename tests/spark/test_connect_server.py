@@ -53,7 +53,7 @@ def _wait_for_port(port: int, proc: subprocess.Popen, log_path) -> None:
 
 
 @pytest.fixture(scope="module")
-def remote_spark(tmp_path_factory):
+def remote_spark(tmp_path_factory, connect_client):
     import pyspark
 
     home = os.path.dirname(pyspark.__file__)
@@ -84,22 +84,11 @@ def remote_spark(tmp_path_factory):
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    session = None
-    before = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
     try:
         _wait_for_port(port, proc, log_path)
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-        session = ConnectSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
-        yield session
+        with connect_client(f"sc://127.0.0.1:{port}") as session:
+            yield session
     finally:
-        if session is not None:
-            session.stop()
-        if before is None:
-            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
-        else:
-            os.environ["SPARK_CONNECT_MODE_ENABLED"] = before
         proc.terminate()
         try:
             proc.wait(20)

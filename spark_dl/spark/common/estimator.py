@@ -196,6 +196,9 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         num_proc = backend.num_processes()
         _check_capacity(backend)
         store = self._store(df.sparkSession)
+        from spark_dl.spark.common.store_check import check_store_reachable
+
+        check_store_reachable(df.sparkSession, store, num_proc)
         ctx = self._begin(store)
         ctx["fit_start"] = started
         from spark_dl.spark.common.util import prepare_data
@@ -292,6 +295,7 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         """Runs training on the workers and returns the Model; ``ctx`` is the fit's context
         (see :meth:`_begin`; ``prepare_s`` is the time to prepared data)."""
         from spark_dl.spark.common.backend import run_on_backend
+        from spark_dl.spark.common.output_spool import StoreSpool
         from spark_dl.spark.common.progress import (ProgressDisplay,
                                                     spark_console_progress_paused)
         from spark_dl.spark.common.worker import TrainSpec, train
@@ -339,7 +343,8 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
             # stage it says nothing (every task runs until training ends).
             with spark_console_progress_paused():
                 results = run_on_backend(backend, train, (blob,), env,
-                                         display.stream("stdout"), display.stream("stderr"))
+                                         display.stream("stdout"), display.stream("stderr"),
+                                         output_spool=StoreSpool.for_run(store, run_id))
             result = results[0]
             ctx["returned"] = time.time()
         finally:

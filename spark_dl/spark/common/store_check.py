@@ -30,17 +30,9 @@ class StoreUnreachableError(ValueError):
 
 
 def _same_machine(spark) -> bool:
-    from spark_dl.spark.launch.network import is_local_master
-    from spark_dl.spark.launch.session import is_connect, master_of
+    from spark_dl.spark.common.session import is_local_master
 
-    if not is_local_master(master_of(spark)):
-        return False
-    if not is_connect(spark):
-        return True
-    from spark_dl.spark.launch.network import _connect_server_host
-
-    host = _connect_server_host(spark)
-    return host in (None, "localhost", "127.0.0.1", "::1") or host.startswith("127.")
+    return is_local_master(spark)
 
 
 def _reader(store, path: str, token: bytes):

@@ -127,21 +127,11 @@ def task_bind_addresses(driver_hosts: Sequence[str],
     return [route_address(driver_hosts[0])]
 
 
-def _connect_server_host(spark) -> Optional[str]:
-    """The host of a Spark Connect session's server, when the client says."""
-    try:
-        builder = spark.client._builder
-        host = builder.host
-        return str(host) if host else None
-    except Exception:
-        return None
-
-
 def caller_addresses(spark, master: str,
                      nics: Optional[Sequence[str]]) -> Tuple[List[str], List[str]]:
     """(addresses to bind, addresses to advertise) of the caller's output link: see the
     module doc. Empty when no address can be chosen (the link is then left out)."""
-    from spark_dl.spark.launch.session import conf_get, is_connect
+    from spark_dl.spark.launch.session import conf_get, connect_host, is_connect
 
     if not is_connect(spark):
         return driver_addresses(lambda key: conf_get(spark, key), master, nics)
@@ -153,6 +143,6 @@ def caller_addresses(spark, master: str,
     elif is_local_master(master):
         addresses = ["127.0.0.1"]
     else:
-        host = _connect_server_host(spark)
+        host = connect_host(spark)
         addresses = [route_address(_resolve(host))] if host else []
     return addresses, addresses

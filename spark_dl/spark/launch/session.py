@@ -11,7 +11,12 @@ whose answer differs between them, in one place:
 - :func:`is_connect`: whether a session (or a DataFrame's) is a Connect session;
 - :func:`master_of`, :func:`conf_of`: the master URL and the settings, read through
   ``spark.conf`` (the server's, under Connect);
-- :func:`spark_context`: the SparkContext of a classic session, else None.
+- :func:`spark_context`: the SparkContext of a classic session, else None;
+- :func:`connect_host`, :func:`runs_here`: where a Connect server runs, and whether the
+  executors run on this machine.
+
+The test is by class, not by pyspark's process-wide ``is_remote()`` (an environment
+variable that says what new sessions will be), so it answers for the object at hand.
 """
 
 from __future__ import annotations
@@ -19,16 +24,23 @@ from __future__ import annotations
 import re
 from typing import Dict, Optional
 
-__all__ = ["active_session", "is_connect", "master_of", "conf_of", "conf_get",
-           "spark_context", "check_server_version", "MIN_SPARK"]
+__all__ = ["active_session", "is_connect", "session_of", "master_of", "conf_of", "conf_get",
+           "spark_context", "connect_host", "runs_here", "check_server_version", "MIN_SPARK"]
 
 #: The oldest Spark whose DataFrame API has barrier ``mapInArrow`` (``barrier=True``).
 MIN_SPARK = (3, 5)
 
 
 def is_connect(spark_or_df) -> bool:
-    """Whether ``spark_or_df`` (a SparkSession or a DataFrame) belongs to Spark Connect."""
+    """Whether ``spark_or_df`` (a SparkSession, DataFrame or Column) belongs to Spark
+    Connect; costs no round trip."""
     return type(spark_or_df).__module__.startswith("pyspark.sql.connect")
+
+
+def session_of(spark_or_df):
+    """The SparkSession of a DataFrame, or the session itself."""
+    session = getattr(spark_or_df, "sparkSession", None)
+    return spark_or_df if session is None else session
 
 
 def active_session():
@@ -98,12 +110,46 @@ def conf_of(spark) -> Dict[str, str]:
 
 
 def master_of(spark) -> str:
-    """The master URL (``local[2]``, ``spark://...``, ``yarn``); ``""`` when the server
-    does not say (e.g. Databricks serverless)."""
+    """The master URL (``local[2]``, ``spark://...``, ``yarn``) of a session or a
+    DataFrame's; ``""`` when the server does not say (e.g. Databricks serverless)."""
+    spark = session_of(spark)
     sc = spark_context(spark)
     if sc is not None:
         return sc.master or ""
     return conf_get(spark, "spark.master", "") or ""
+
+
+def connect_host(spark) -> Optional[str]:
+    """The host of a Connect session's server (``localhost`` for ``remote("local")``);
+    None for a classic session or where the client does not say."""
+    spark = session_of(spark)
+    if not is_connect(spark):
+        return None
+    try:
+        host = spark.client._builder.host
+        return str(host) if host else None
+    except Exception:
+        return None
+
+
+_LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def runs_here(spark) -> bool:
+    """Whether the executors run on this machine: a local master (``local``, ``local[N]``,
+    ``local-cluster[...]``) and, for Spark Connect, a server on this host (a local master
+    on a remote server runs its executors there). False where either is unknown."""
+    import socket
+
+    if not master_of(spark).startswith("local"):
+        return False
+    if not is_connect(session_of(spark)):
+        return True
+    host = connect_host(spark)
+    if host is None:
+        return False
+    return host in _LOOPBACK or host.startswith("127.") or host in (socket.gethostname(),
+                                                                      socket.getfqdn())
 
 
 def check_server_version(spark) -> str:
