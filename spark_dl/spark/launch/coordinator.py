@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.spark.launch import pickling, rows
@@ -155,12 +156,13 @@ class Coordinator:
         return self.endpoints
 
     def stop(self) -> None:
-        for part in (self.kv, self.driver):
-            if part is not None:
-                try:
-                    part.stop()
-                except Exception:
-                    pass
+        # The rendezvous server's stop waits for its serve loop's next poll (up to 0.1 s):
+        # overlapped with the rest and with the end of the task.
+        if self.kv is not None:
+            threading.Thread(target=_quietly, args=(self.kv.stop,), name="sdl-kvstore-stop",
+                             daemon=True).start()
+        if self.driver is not None:
+            _quietly(self.driver.stop)
         if self.route is not None:
             self.route.close()
 
@@ -289,6 +291,13 @@ class Coordinator:
                 out.append((stream, -1, seq, piece))
                 seq += 1
         return out
+
+
+def _quietly(stop: Callable[[], None]) -> None:
+    try:
+        stop()
+    except Exception:  # stopping: nothing left to report to
+        pass
 
 
 def _echo_to_stderr(stream: str, data: bytes) -> None:
