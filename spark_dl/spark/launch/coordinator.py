@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from spark_dl.runner.kvstore import KVStoreServer
-from spark_dl.spark.launch import pickling, rows
+from spark_dl.spark.launch import rows
 from spark_dl.spark.launch.driver.plan import plan_ranks
 from spark_dl.spark.launch.driver.report import failure_report
 from spark_dl.spark.launch.driver.service import DriverService, Failure

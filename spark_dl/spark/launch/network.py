@@ -5,7 +5,8 @@
   ``spark.driver.host``, which the executors already reach), or 127.0.0.1 when the
   master is ``local``/``local-cluster`` (everything on this machine).
 - The caller's output link (:mod:`~spark_dl.spark.launch.link`) binds like the driver's
-  services in a classic session; under Spark Connect, 127.0.0.1 when the master is local,
+  services in a classic session; under Spark Connect, 127.0.0.1 when the executors run
+  on this machine (a local master of a server on this host),
   else the ``nics`` interfaces or this machine's address on the route to the Connect
   server (which the executors may or may not reach: the link is optional).
 - Task 0's services (the job's coordinator) bind the ``nics`` interfaces, 127.0.0.1 on
@@ -131,7 +132,7 @@ def caller_addresses(spark, master: str,
                      nics: Optional[Sequence[str]]) -> Tuple[List[str], List[str]]:
     """(addresses to bind, addresses to advertise) of the caller's output link: see the
     module doc. Empty when no address can be chosen (the link is then left out)."""
-    from spark_dl.spark.launch.session import conf_get, connect_host, is_connect
+    from spark_dl.spark.launch.session import conf_get, connect_host, is_connect, runs_here
 
     if not is_connect(spark):
         return driver_addresses(lambda key: conf_get(spark, key), master, nics)
@@ -140,7 +141,7 @@ def caller_addresses(spark, master: str,
             addresses = interface_addresses(nics)
         except ValueError:  # the interfaces are the executors'; the link is optional
             addresses = []
-    elif is_local_master(master):
+    elif runs_here(spark):
         addresses = ["127.0.0.1"]
     else:
         host = connect_host(spark)

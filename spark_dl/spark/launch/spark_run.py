@@ -46,7 +46,7 @@ from spark_dl.spark.launch.launcher import GlooLauncher, Launcher
 from spark_dl.spark.launch.link import CallerLink, Reports, Spool, SpoolFollower
 from spark_dl.spark.launch.network import caller_addresses, is_local_master
 from spark_dl.spark.launch.session import (active_session, check_server_version, conf_get,
-                                           conf_of, is_connect, master_of, spark_context)
+                                           conf_of, master_of, runs_here, spark_context)
 
 __all__ = ["run", "select_launcher", "PHASES"]
 
@@ -314,9 +314,9 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         if link is not None:
             caller = [(host, port) for host, (_, port) in zip(advertised, link.start())]
         # Where the executors are sure to reach this process (a classic session's
-        # executors reach its driver; local masters share the machine), the tasks learn
-        # task 0's address through the link; elsewhere through the barrier's allGather.
-        exchange = "link" if caller and (sc is not None or local) else "gather"
+        # executors reach its driver; executors on this machine), the tasks learn task 0's
+        # address through the link; elsewhere through the barrier's allGather.
+        exchange = "link" if caller and (sc is not None or runs_here(spark)) else "gather"
         settings = JobSettings(job_id, secret, num_proc, code, pickling.describe(), timeout,
                                dict(env or {}), verbose, list(nics or []) or None,
                                prefix_output_with_timestamp, KILL_GRACE_S, launcher,
