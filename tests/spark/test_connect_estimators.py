@@ -92,10 +92,16 @@ def test_torch_fit_transform_persistence_and_resume(connect_spark, df, store, tm
     Pipeline(stages=[torch_estimator(store)]).write().overwrite().save(str(tmp_path / "est"))
     assert isinstance(Pipeline.load(str(tmp_path / "est")).getStages()[0],
                       type(torch_estimator(store)))
-    # The same run_id resumes after the last epoch.
+    # The same run_id resumes after the last epoch, here from the prepared data
+    # (fit_on_parquet; prepare_data finds the fit's data in its cache).
+    from spark_dl.spark.common.util import prepare_data
+
+    idx = prepare_data(2, store, df, label_columns=["y"], feature_columns=["features"],
+                       validation=0.25, vector_dtype="float32")
     out = io.StringIO()
     with redirect_stdout(out):
-        resumed = torch_estimator(store, run_id="connect_resume", epochs=3).fit(df)
+        resumed = torch_estimator(store, run_id="connect_resume",
+                                  epochs=3).fit_on_parquet(dataset_idx=idx)
     assert "resuming run connect_resume after epoch 2" in out.getvalue()
     assert len(resumed.getHistory()["loss"]) >= 1
 

@@ -237,6 +237,11 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         backend = self._backend()
         num_proc = backend.num_processes()
         _check_capacity(backend)
+        if isinstance(backend, SparkBackend):
+            from spark_dl.spark.common.store_check import check_store_reachable
+            from spark_dl.spark.launch.session import active_session
+
+            check_store_reachable(active_session(), store, num_proc)
         ctx = self._begin(store)
         ctx["fit_start"] = started
         cols = self._columns()
