@@ -106,9 +106,9 @@ def test_torch_fit_transform_persistence_and_resume(connect_spark, df, store, tm
     assert len(resumed.getHistory()["loss"]) >= 1
 
 
-def test_keras_fit_and_transform(connect_spark, df, store):
+def test_keras_fit_transform_and_persistence(connect_spark, df, store, tmp_path):
     keras = pytest.importorskip("keras")
-    from spark_dl.spark.keras import KerasEstimator
+    from spark_dl.spark.keras import KerasEstimator, KerasModel
 
     keras.utils.set_random_seed(0)
     net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
@@ -119,15 +119,17 @@ def test_keras_fit_and_transform(connect_spark, df, store):
                          epochs=2, verbose=1)
     model = est.fit(df)
     assert len(model.getHistory()["loss"]) == 2
-    pdf = model.transform(df).toPandas()
-    want = model.getModel().predict(features_of(pdf), verbose=0).reshape(-1)
-    got = np.asarray([float(np.asarray(v).reshape(-1)[0]) for v in pdf["y__output"]])
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    model.write().overwrite().save(str(tmp_path / "keras_model"))
+    for fitted in (model, KerasModel.load(str(tmp_path / "keras_model"))):
+        pdf = fitted.transform(df).toPandas()
+        want = model.getModel().predict(features_of(pdf), verbose=0).reshape(-1)
+        got = np.asarray([float(np.asarray(v).reshape(-1)[0]) for v in pdf["y__output"]])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_lightning_fit_and_transform(connect_spark, df, store):
+def test_lightning_fit_transform_and_persistence(connect_spark, df, store, tmp_path):
     pytest.importorskip("lightning.pytorch")
-    from spark_dl.spark.lightning import LightningEstimator
+    from spark_dl.spark.lightning import LightningEstimator, LightningModel
 
     est = LightningEstimator(num_proc=2, store=store, model=_lightning_module(),
                              feature_cols=["features"], label_cols=["y"], batch_size=32,
@@ -135,6 +137,9 @@ def test_lightning_fit_and_transform(connect_spark, df, store):
     model = est.fit(df)
     assert model.getHistory()
     _check_predictions(model, model.getModel(), df)
+    model.write().overwrite().save(str(tmp_path / "lightning_model"))
+    _check_predictions(LightningModel.load(str(tmp_path / "lightning_model")),
+                       model.getModel(), df)
 
 
 def _lightning_module():
