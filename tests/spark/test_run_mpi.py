@@ -180,7 +180,7 @@ def test_launcher_choice_and_refused_flags():
 
 def test_without_mpirun_mpi_is_refused_clearly(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(MpiNotBuiltError, match="needs Open MPI's mpirun on the driver"):
+    with pytest.raises(MpiNotBuiltError, match="needs Open MPI's mpirun on the PATH"):
         select_launcher(True, None)
 
 

@@ -68,6 +68,10 @@ class CallerLink:
                  write: Callable[[str, bytes], None]):
         self._write = write
         self.contacted = threading.Event()
+        # Task 0's connection (made by its hello) ended: its process is gone, or it closed
+        # the link at its end. After a failed Spark job, the sign that task 0's process
+        # (and so, through their stdin, its workers) ended.
+        self.task0_gone = threading.Event()
         self._announced = threading.Event()
         self._coordinator: dict = {}
         self.reports = Reports()
@@ -76,7 +80,8 @@ class CallerLink:
                                                        "coordinator": self._set_coordinator,
                                                        "where": self._where,
                                                        "report": self._report},
-                                    hosts=hosts, limits=_LINK_LIMITS)
+                                    hosts=hosts, limits=_LINK_LIMITS,
+                                    on_disconnect=self._disconnected)
 
     def start(self) -> List[Endpoint]:
         return self.server.start()
@@ -85,8 +90,13 @@ class CallerLink:
         self.server.stop()
 
     def _hello(self) -> bool:
+        self.server.tag("task0", True)
         self.contacted.set()
         return True
+
+    def _disconnected(self, tags: dict) -> None:
+        if tags.get("task0"):
+            self.task0_gone.set()
 
     def _output(self, stream: str, data: bytes) -> None:
         self._write("stderr" if stream == "stderr" else "stdout", bytes(data))

@@ -58,6 +58,11 @@ _log = logging.getLogger("spark_dl.spark.run")
 KILL_GRACE_S = 3.0
 # After a failure seen by the caller (start timeout, interrupt): the Spark job's end.
 _CANCEL_WAIT_S = 10.0
+# After a failed Spark job: how long to wait for task 0's process to end (Spark kills a
+# barrier stage's other tasks, their Python workers within spark.python.task.killTimeout,
+# 2 s by default), then for the workers, which kill themselves when it does.
+_TASK0_GONE_WAIT_S = 8.0
+_WORKER_END_S = 0.3
 # Spark Connect's default bound on one request (spark.connect.grpc.maxInboundMessageSize):
 # the job's plan carries the pickled function.
 _CONNECT_MAX_MESSAGE = 128 << 20
@@ -374,6 +379,12 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
     if follower is not None:
         follower.poll()
     if job.error is not None:
+        if link is not None and link.contacted.is_set():
+            # Spark failed the job (an executor lost) and kills the other tasks: wait,
+            # bounded, until task 0's process is gone, so that its workers (which end with
+            # it) are gone too when run raises.
+            if link.task0_gone.wait(_TASK0_GONE_WAIT_S):
+                time.sleep(_WORKER_END_S)
         reports = [r for r in (link.reports if link else None,
                                follower.reports if follower else None) if r is not None]
         raise _job_failure(job.error, reports, job_id) from None
