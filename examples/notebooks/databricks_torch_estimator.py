@@ -48,9 +48,11 @@ dbutils.library.restartPython()  # noqa: F821 (Databricks defines dbutils)
 # MAGIC %md
 # MAGIC ## 2. Settings: the store, the workers, GPUs
 # MAGIC
-# MAGIC **Store.** The driver writes the prepared training data (Parquet) into the store, the
-# MAGIC workers read it and write checkpoints there, and the fitted model comes back through
-# MAGIC it, so it must be a path that the notebook and every executor reach. On Databricks
+# MAGIC **Store.** Spark writes the prepared training data (Parquet) into the store, the
+# MAGIC workers read it and write checkpoints there, and the fit's progress comes back through
+# MAGIC it when the cluster cannot reach the notebook (the fitted model returns with the
+# MAGIC training job's result), so it must be a path that the notebook and every executor
+# MAGIC reach. On Databricks
 # MAGIC that is a Unity Catalog volume, `/Volumes/<catalog>/<schema>/<volume>/spark_dl`
 # MAGIC (`Store.create` picks `VolumesLocalStore`, through the volume's FUSE path; create the
 # MAGIC volume first, and you need WRITE VOLUME on it), or, on compute with DBFS access, a
