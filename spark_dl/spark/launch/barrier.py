@@ -42,12 +42,6 @@ __all__ = ["BarrierMain", "SparkJob", "barrier_frame"]
 _MAX_ERROR_LINES = 40
 
 
-def _barrier_context():
-    from pyspark import BarrierTaskContext
-
-    return BarrierTaskContext.get()
-
-
 def _task_settings(s: JobSettings, endpoints) -> TaskSettings:
     return TaskSettings(s.job_id, s.secret, [(str(h), int(p)) for h, p in endpoints],
                         s.start_timeout, nics=s.nics, verbose=s.verbose,
@@ -87,18 +81,21 @@ class BarrierMain:
             address = ctx.getTaskInfos()[0].address
         except Exception:
             address = ""
-        coordinator = None
+        coordinator, failure = None, None
         try:
             coordinator = Coordinator(s, address)
-            endpoints = coordinator.start()
-            if s.exchange == "link":
-                coordinator.route.announce(endpoints)
+            message = {"endpoints": coordinator.start()}
         except BaseException as exc:  # the others must still learn that it failed
-            self._tell(coordinator, {"error": f"{type(exc).__name__}: {exc}"})
+            failure, message = exc, {"error": f"{type(exc).__name__}: {exc}"}
+        try:
+            self._tell(ctx, coordinator, message)
+        except BaseException as exc:  # the caller link is down: nobody can be told
+            failure = failure or exc
+        if failure is not None:
             if coordinator is not None:
                 coordinator.stop()
-            return [("error", -1, 0, json.dumps(error_document(exc, s.job_id)).encode())]
-        self._tell(coordinator, {"endpoints": endpoints}, announced=True)
+            return [("error", -1, 0, json.dumps(error_document(failure, s.job_id)).encode())]
+        endpoints = message["endpoints"]
         reports: List[dict] = []
         role = threading.Thread(
             target=lambda: reports.append(TaskMain(_task_settings(s, endpoints))(0, gpus)),
@@ -112,15 +109,19 @@ class BarrierMain:
         out.extend(("task", 0, 0, json.dumps(r).encode()) for r in reports if r)
         return out
 
-    def _tell(self, coordinator: Coordinator, message: dict, announced: bool = False) -> None:
-        """Task 0 tells the other tasks where it listens, or why it could not start."""
+    def _tell(self, ctx, coordinator: Optional[Coordinator], message: dict) -> None:
+        """Task 0 tells the other tasks where it listens (``endpoints``), or why it could
+        not start (``error``): through ``allGather``, or the caller link.
+
+        Raises:
+            ConnectionError: the caller link is down.
+        """
         if self.settings.exchange == "gather":
-            _barrier_context().allGather(json.dumps(message))
-        elif not announced and coordinator is not None and coordinator.route is not None:
-            try:
-                coordinator.route.announce(error=message.get("error"))
-            except Exception:
-                pass  # the others give up after the start timeout
+            ctx.allGather(json.dumps(message))
+        elif coordinator is not None and coordinator.route is not None:
+            coordinator.route.announce(**message)
+        else:
+            raise ConnectionError("task 0 could not start its output route to the caller")
 
     def _other(self, ctx, index: int, gpus: List[str]) -> List[rows.Row]:
         s = self.settings
