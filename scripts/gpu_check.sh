@@ -25,7 +25,7 @@
 # with a build of a few minutes they add up to under 10 minutes.
 # Settings (environment): PYTHON (default python3), SDL_GPU_CHECK_OUT (logs; default
 # build/gpu-check), SDL_CMAKE_ARGS (extra CMake arguments), SDL_GPU_CHECK_TESTS (pytest
-# selection; default tests/gpu tests/unit/test_gpu_*.py), SDL_GPU_CHECK_TESTS_TIMEOUT (the
+# selection; default tests/gpu tests/unit/test_gpu_*.py test_cxx_runtime.py), SDL_GPU_CHECK_TESTS_TIMEOUT (the
 # tests stage's limit in seconds, default 300; at the limit pytest is interrupted and its
 # report lists what ran), SDL_GPU_CHECK_ALLOW_NO_NCCL=1 (a
 # build or machine without NCCL passes: host staging only), SDL_GPU_PYTHON (--fetch-deps:
@@ -40,7 +40,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 DEPS_DIR="$ROOT/.gpudeps"
-GLOO_DEBS="libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200"
+# Debian packages the build needs (Gloo; googletest for the C++ unit tests).
+DEBS="libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200 libgtest-dev"
 # Python packages the build and the tests need beyond torch (the GPU machine's Python may
 # lack them, and it may have no network): import names, then pip names.
 NEED_PY="scikit_build_core nanobind numpy cloudpickle psutil pytest pytest_timeout"
@@ -52,7 +53,7 @@ die() { printf '\ngpu_check: %s\n' "$1" >&2; exit "${2:-1}"; }
 if [[ "${1:-}" == "--fetch-deps" ]]; then
     mkdir -p "$DEPS_DIR/wheels"
     if command -v apt-get >/dev/null; then
-        (cd "$DEPS_DIR" && apt-get download $GLOO_DEBS) || die "apt-get download failed" 2
+        (cd "$DEPS_DIR" && apt-get download $DEBS) || die "apt-get download failed" 2
     else
         echo "no apt-get here: Gloo's .deb files not fetched (the GPU machine then needs libgloo-dev)"
     fi
@@ -116,12 +117,18 @@ gloo_found() {
     done
     return 1
 }
-if ! gloo_found; then
+gtest_found() {
+    for d in /usr/lib/x86_64-linux-gnu /usr/lib /usr/local/lib ${CMAKE_PREFIX_PATH:+${CMAKE_PREFIX_PATH//:/ }}; do
+        [[ -f "$d/cmake/GTest/GTestConfig.cmake" ]] && return 0
+    done
+    return 1
+}
+if ! gloo_found || ! gtest_found; then
     shopt -s nullglob
     debs=("$DEPS_DIR"/*.deb)
     [[ ${#debs[@]} -gt 0 ]] || die "Gloo is not installed here and .gpudeps/ holds no .deb: \
 run 'bash scripts/gpu_check.sh --fetch-deps' on a networked Debian/Ubuntu machine and copy \
-.gpudeps/ here (packages: $GLOO_DEBS)" 2
+.gpudeps/ here (packages: $DEBS)" 2
     PREFIX=/tmp/sdl-gpudeps
     rm -rf "$PREFIX" && mkdir -p "$PREFIX"
     for f in "${debs[@]}"; do dpkg -x "$f" "$PREFIX" || die "cannot unpack $f" 2; done
@@ -133,8 +140,17 @@ run 'bash scripts/gpu_check.sh --fetch-deps' on a networked Debian/Ubuntu machin
     export CPATH="$PREFIX/usr/include${CPATH:+:$CPATH}"
     LIBS="$PREFIX/usr/lib:$PREFIX/usr/lib/x86_64-linux-gnu"
     export LIBRARY_PATH="$LIBS${LIBRARY_PATH:+:$LIBRARY_PATH}"
-    export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    echo "Gloo: unpacked ${#debs[@]} packages from .gpudeps/ into $PREFIX"
+    # At run time only the libraries the system lacks (Gloo, hiredis): a Debian copy must
+    # not shadow one the system has (libibverbs, libnl), which torch or MPI may also load.
+    RUNTIME_LIBS="$PREFIX/runtime-libs"
+    mkdir -p "$RUNTIME_LIBS"
+    for f in "$PREFIX"/usr/lib/*.so.* "$PREFIX"/usr/lib/x86_64-linux-gnu/*.so.*; do
+        soname=$(basename "$f")
+        ldconfig -p | grep -q "^[[:space:]]*$soname " || ln -sf "$f" "$RUNTIME_LIBS/$soname"
+    done
+    echo "run-time libraries from .gpudeps/: $(ls "$RUNTIME_LIBS" | tr '\n' ' ')"
+    export LD_LIBRARY_PATH="$RUNTIME_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "Gloo, googletest: unpacked ${#debs[@]} packages from .gpudeps/ into $PREFIX"
 fi
 
 # ----------------------------------------------------------------------------- build
@@ -250,7 +266,8 @@ else
     timeout --signal=INT --kill-after=20 "${SDL_GPU_CHECK_TESTS_TIMEOUT:-300}" \
         "$VPY" -m pytest ${SDL_GPU_CHECK_TESTS:-tests/gpu tests/unit/test_gpu_devices.py \
         tests/unit/test_gpu_torch.py tests/unit/test_gpu_discovery.py \
-        tests/unit/test_gpu_ops_choice.py tests/unit/test_gpu_keras_lightning.py} -v -rs \
+        tests/unit/test_gpu_ops_choice.py tests/unit/test_gpu_keras_lightning.py \
+        tests/unit/test_cxx_runtime.py} -v -rs \
         -p no:cacheprovider --junitxml="$OUTDIR/tests.xml" 2>&1 | tee "$OUTDIR/tests.log"
     rc=${PIPESTATUS[0]}
     RESULT[tests]=$([[ $rc -eq 0 ]] && echo ok || echo "FAILED (pytest exit $rc)")
