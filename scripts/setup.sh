@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a machine for spark_dl from nothing: Debian packages (Gloo, Open MPI,
-# a JRE for Spark, the C++ toolchain, googletest for the core's C++ tests), a
+# a JRE for Spark, the C++ toolchain, googletest for the core's C++ tests, iproute2 and
+# OpenSSH for the multi-host tests' network namespaces and sdlrun over ssh), a
 # virtualenv in .venv, the Python dependencies with torch pinned to its CPU build
 # (constraints.txt), and the native extension (an editable install: scikit-build-core runs CMake).
 # Safe to run again: it installs only what is missing and rebuilds incrementally. When
@@ -15,7 +16,7 @@ CHECK=0
 [ "${1:-}" = "--check" ] && CHECK=1
 
 APT_PACKAGES=(build-essential cmake pkg-config libgloo-dev libopenmpi-dev openmpi-bin libgtest-dev
-              openjdk-17-jre-headless procps)
+              openjdk-17-jre-headless procps iproute2 openssh-server openssh-client)
 PYTHON="${PYTHON:-python3}"
 "$PYTHON" -c "import ensurepip" >/dev/null 2>&1 || APT_PACKAGES+=(python3-venv)
 missing=()
