@@ -143,20 +143,46 @@ def netem_available() -> Optional[str]:
     return _NETEM[0]
 
 
+def _owner_file(tag: str) -> str:
+    return os.path.join(tempfile.gettempdir(), f"{PREFIX}{tag}.owner")
+
+
+def _owned_elsewhere(name: str) -> bool:
+    """Whether ``name`` belongs to a cluster of another process that still runs (test
+    runs side by side: one's sweep must not take the other's hosts)."""
+    try:
+        with open(_owner_file(name[len(PREFIX):len(PREFIX) + 4])) as f:
+            pid = int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return False
+    if pid in (0, os.getpid()):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def leftovers() -> List[str]:
-    """Namespaces and links of ours still here (after a cleanup: none)."""
-    return [f"netns {n}" for n in _namespaces()] + [f"link {n}" for n in _links()]
+    """Namespaces and links of ours still here (after a cleanup: none); clusters of other
+    processes that still run are not ours to report."""
+    return [f"netns {n}" for n in _namespaces() if not _owned_elsewhere(n)] + \
+        [f"link {n}" for n in _links() if not _owned_elsewhere(n)]
 
 
 def sweep() -> None:
-    """Removes every namespace, bridge and veth of ours (also an earlier run's)."""
-    for name in _namespaces():
+    """Removes every namespace, bridge and veth of ours (also an earlier run's), but not
+    those of a cluster whose process still runs."""
+    for name in [n for n in _namespaces() if not _owned_elsewhere(n)]:
         for _ in range(50):
             if not _kill_netns_processes(name):
                 break
             time.sleep(0.1)
         _ip("netns", "delete", name, check=False)
-    for name in _links():
+    for name in [n for n in _links() if not _owned_elsewhere(n)]:
         _ip("link", "delete", name, check=False)
 
 
@@ -287,6 +313,8 @@ class Cluster:
         self.hosts: List[Host] = []
         self._tmp = tempfile.mkdtemp(prefix="sdl-cluster-")
         self._closed = False
+        with open(_owner_file(self.tag), "w") as f:
+            f.write(str(os.getpid()))
         _live.append(self)
         try:
             self._make(names, shm_size)
@@ -379,6 +407,10 @@ class Cluster:
             if name.startswith(f"{PREFIX}{self.tag}"):
                 _ip("link", "delete", name, check=False)
         shutil.rmtree(self._tmp, ignore_errors=True)
+        try:
+            os.unlink(_owner_file(self.tag))
+        except OSError:
+            pass
         if self in _live:
             _live.remove(self)
 
