@@ -26,7 +26,7 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from spark_dl.rendezvous.secret import make_secret, secret_to_hex
-from spark_dl.runner import remote
+from spark_dl.runner import network, remote
 from spark_dl.runner.hosts import LOCALHOST, SlotInfo
 from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.runner.options import LaunchOptions
@@ -62,14 +62,7 @@ def route_address(remote_host: str) -> str:
 
     Falls back to this machine's host name when the route cannot be determined.
     """
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(remote_host, 22,
-                                                       type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.connect(sockaddr)
-            return sock.getsockname()[0]
-    except OSError:
-        return socket.gethostname()
+    return network.route_address(remote_host) or socket.gethostname()
 
 
 def run_gloo(command: Sequence[str], slots: Sequence[SlotInfo], options: LaunchOptions,
@@ -85,27 +78,27 @@ def run_gloo(command: Sequence[str], slots: Sequence[SlotInfo], options: LaunchO
         env: extra variables for every worker, on top of the launcher's environment.
         stopper: receives the launcher's SIGINT/SIGTERM.
     """
-    remote_hosts = [s.hostname for s in slots if s.hostname != LOCALHOST]
-    all_local = not remote_hosts
-    if options.rendezvous_addr:
-        rendezvous_addr = options.rendezvous_addr
-    else:
-        rendezvous_addr = "127.0.0.1" if all_local else route_address(remote_hosts[0])
+    remote_hosts = list(dict.fromkeys(s.hostname for s in slots if s.hostname != LOCALHOST))
+    net = network.choose_network(remote_hosts, options.network_interface,
+                                 options.rendezvous_addr)
+    rendezvous_addr = net.rendezvous_addr
     forwarder = forwarder_for(options)
     secret = make_secret()
     job_id = secrets.token_hex(8)
     cwd = options.cwd or os.getcwd()
-    server = KVStoreServer(secret, host="127.0.0.1" if all_local else "0.0.0.0",
-                           verbose=options.verbose)
+    # Bound to the job's address only: hosts reach it there, and nothing else does.
+    server = KVStoreServer(secret, host=net.address, verbose=options.verbose)
     port = server.start()
     try:
-        specs = _worker_specs(command, slots, options, env or {}, rendezvous_addr, port,
-                              secret, job_id, cwd, all_local)
+        specs = _worker_specs(command, slots, options, env or {}, net, port, secret,
+                              job_id, cwd)
         group = WorkerGroup(specs, forwarder, kill_grace=options.kill_grace,
                             stopper=stopper, verbose=options.verbose)
         if options.verbose:
             group.log(f"job {job_id}: {len(slots)} ranks, rendezvous at "
-                      f"{rendezvous_addr}:{port}")
+                      f"{rendezvous_addr}:{port}, bound to {net.address}"
+                      + (f" ({net.interface}: {net.reason})" if net.interface else
+                         f" ({net.reason})"))
             for spec in specs:
                 group.log(f"rank {spec.rank} on {spec.hostname}: "
                           + " ".join(spec.argv))
@@ -117,16 +110,15 @@ def run_gloo(command: Sequence[str], slots: Sequence[SlotInfo], options: LaunchO
         server.stop()
 
 
-def _worker_specs(command, slots, options, extra_env, rendezvous_addr, port, secret,
-                  job_id, cwd, all_local) -> List[WorkerSpec]:
+def _worker_specs(command, slots, options, extra_env, net, port, secret, job_id,
+                  cwd) -> List[WorkerSpec]:
     specs = []
     for slot in slots:
         local = slot.hostname == LOCALHOST
-        if local:
-            peer_address = "127.0.0.1" if all_local else rendezvous_addr
-        else:
-            peer_address = slot.hostname
-        job_env = worker_environment(slot, peer_address, rendezvous_addr, port, secret,
+        # A remote bootstrap replaces its host name by its address on the job's network
+        # (remote.main) where the launcher chose one (net.payload()).
+        peer_address = net.address if local else slot.hostname
+        job_env = worker_environment(slot, peer_address, net.rendezvous_addr, port, secret,
                                      job_id, options.start_timeout)
         if local:
             full_env = {**os.environ, **extra_env, **job_env}
@@ -141,7 +133,8 @@ def _worker_specs(command, slots, options, extra_env, rendezvous_addr, port, sec
         # The ssh client itself runs with the launcher's environment minus the secret.
         ssh_env = {k: v for k, v in os.environ.items() if k != "SDL_SECRET_KEY"}
         specs.append(WorkerSpec(slot.rank, slot.hostname, argv, ssh_env,
-                                stdin_data=remote.encode_payload(command, remote_env, cwd)))
+                                stdin_data=remote.encode_payload(command, remote_env, cwd,
+                                                                     net.payload())))
     return specs
 
 

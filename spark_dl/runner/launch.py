@@ -150,6 +150,8 @@ def run_command(command: Sequence[str], np: int, hosts: HostsArg = None,
         raise ValueError("no command to run")
     opts = LaunchOptions(**options)
     opts.validate()
+    if not opts.network_interface:  # the workers' Gloo interface knob chooses it too
+        opts.network_interface = knobs.value("gloo_iface", {**os.environ, **(env or {})}) or None
     host_list = merge_hosts(_to_hosts(hosts, hostfile, np), is_local=is_local_host)
     slots = assign_ranks(host_list, np)
     controller, reason = choose_controller(opts.controller, env, opts.mpirun, opts.mpi_args)
@@ -212,6 +214,13 @@ def make_parser() -> argparse.ArgumentParser:
                         help="address workers use to reach this launcher (default: "
                              "127.0.0.1 for local jobs, else the address on the route to "
                              "the first remote host)")
+    parser.add_argument("--network-interface", "--network-interfaces", dest="nic",
+                        metavar="NIC",
+                        help="the network interface every host uses for the job: the "
+                             "rendezvous server, the workers' addresses and their data "
+                             "(--mpi: Open MPI's oob/btl_tcp_if_include; a comma list "
+                             "there). Default: SDL_GLOO_IFACE, else "
+                             "the interface on the route to the first remote host")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="program and arguments")
     return parser
 
@@ -230,7 +239,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    prefix_output=not args.disable_output_prefix,
                    prefix_timestamp=args.prefix_output_with_timestamp,
                    ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
-                   rendezvous_addr=args.rendezvous_addr)
+                   rendezvous_addr=args.rendezvous_addr, network_interface=args.nic)
     if args.start_timeout is not None:  # else LaunchOptions reads the knob
         options["start_timeout"] = args.start_timeout
     try:

@@ -14,6 +14,9 @@ adds around ``mpirun``:
   another job (Gloo ranks, rendezvous, secret), plus ``env`` and ``SDL_CONTROLLER=mpi``;
   ``-x NAME`` exports each variable that Gloo's remote workers would inherit, by name, so
   values never appear on a command line;
+- network: ``oob_tcp_if_include`` and ``btl_tcp_if_include`` name the job's network
+  (:func:`mpi_interfaces`: ``--network-interface``, else the subnet on the route to the
+  first remote host), so daemons and ranks connect only over it;
 - output: ``--tag-output`` marks each piece with its rank, and a
   :class:`~spark_dl.runner.output.TagDemux` turns that back into sdlrun's
   ``[<rank>]<stdout>:`` lines and ``--output-filename`` files;
@@ -36,6 +39,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from spark_dl.runner import remote
 from spark_dl.runner.hosts import LOCALHOST, SlotInfo
+from spark_dl.runner.network import choose_network, mpi_interface_args
 from spark_dl.runner.options import LaunchError, LaunchOptions
 from spark_dl.runner.output import TagDemux, forwarder_for
 from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
@@ -168,8 +172,12 @@ def split_mpi_args(mpi_args) -> List[str]:
 
 
 def mpirun_command(mpirun: str, command: Sequence[str], slots: Sequence[SlotInfo],
-                   env: Mapping[str, str], options: LaunchOptions) -> List[str]:
+                   env: Mapping[str, str], options: LaunchOptions,
+                   interfaces: Optional[str] = None) -> List[str]:
     """The full ``mpirun`` command line for ``command`` on ``slots``.
+
+    ``interfaces`` (names or CIDR subnets, see :func:`mpi_interfaces`) restricts Open MPI's
+    out-of-band and TCP transports, unless ``mpi_args`` sets those parameters itself.
 
     Raises:
         ValueError: bad ``mpi_args``, or an IPv6 address (Open MPI's ``-H`` takes none).
@@ -188,6 +196,11 @@ def mpirun_command(mpirun: str, command: Sequence[str], slots: Sequence[SlotInfo
     for flags, default in _DEFAULTS:
         if not given.intersection(flags):
             argv += default
+    if interfaces:
+        network_args = mpi_interface_args(interfaces)
+        for i in range(0, len(network_args), 3):
+            if network_args[i + 1] not in extra:
+                argv += network_args[i:i + 3]
     rsh_args = []
     if options.ssh_port is not None:
         rsh_args += ["-p", str(options.ssh_port)]
@@ -200,6 +213,26 @@ def mpirun_command(mpirun: str, command: Sequence[str], slots: Sequence[SlotInfo
     for name in exported_names(env):
         argv += ["-x", name]
     return argv + extra + list(command)
+
+
+def mpi_interfaces(slots: Sequence[SlotInfo], options: LaunchOptions) -> Optional[str]:
+    """What Open MPI's ``*_if_include`` get for an ``sdlrun --mpi`` job: the
+    ``network_interface`` as given (one name or a comma list), else, when ranks run on
+    other hosts, the subnet of the interface on the route to the first of them (a subnet
+    matches each host's own interface in it, whatever its name); None for a job on this
+    machine only (its ranks meet through shared memory), or when this machine has no
+    route to the first remote host (a name only ssh knows, e.g. an alias in
+    ``~/.ssh/config``: Open MPI then chooses, as without sdlrun).
+    """
+    if options.network_interface:
+        return options.network_interface
+    remote_hosts = list(dict.fromkeys(s.hostname for s in slots if s.hostname != LOCALHOST))
+    if not remote_hosts:
+        return None
+    try:
+        return choose_network(remote_hosts).subnet
+    except ValueError:
+        return None
 
 
 def failed_rank(mpirun_text: str) -> Optional[Tuple[int, Optional[str], Optional[int]]]:
@@ -252,6 +285,9 @@ def run_mpi(command: Sequence[str], slots: Sequence[SlotInfo], options: LaunchOp
     job_id = secrets.token_hex(8)
     job_env = mpi_environment(os.environ, env or {}, job_id)
     argv = mpirun_command(options.mpirun, command, slots, job_env, options)  # checks args
+    interfaces = mpi_interfaces(slots, options)
+    if interfaces:
+        argv = mpirun_command(options.mpirun, command, slots, job_env, options, interfaces)
     argv[0], version = find_mpirun(options.mpirun)
     mpirun = argv[0]
     demux = {"stdout": TagDemux(OPEN_MPI_TAG), "stderr": TagDemux(OPEN_MPI_TAG)}

@@ -34,8 +34,12 @@ class LaunchOptions:
         ssh_port, ssh_identity_file: passed to ssh for remote hosts.
         ssh_command: the ssh program and fixed arguments (tests substitute a fake).
         rendezvous_addr: address workers use to reach the rendezvous server; default
-            127.0.0.1 when every host is local, else this machine's address on the route
-            to the first remote host.
+            127.0.0.1 when every host is local, else this machine's address on the job's
+            network (see :mod:`~spark_dl.runner.network`).
+        network_interface: the interface every host uses for the job (services and data;
+            with MPI, a comma-separated list is passed to Open MPI). Default: the
+            ``gloo_iface`` knob (``SDL_GLOO_IFACE``), else
+            an automatic choice (:func:`~spark_dl.runner.network.choose_network`).
         kill_grace: seconds between SIGTERM and SIGKILL when stopping workers.
         mpi_args: extra ``mpirun`` arguments, already split (MPI only).
         mpirun: the ``mpirun`` program, looked up on ``PATH`` unless a path (MPI only).
@@ -54,6 +58,7 @@ class LaunchOptions:
     ssh_identity_file: Optional[str] = None
     ssh_command: Sequence[str] = ("ssh",)
     rendezvous_addr: Optional[str] = None
+    network_interface: Optional[str] = None
     kill_grace: float = 3.0
     mpi_args: Sequence[str] = ()
     mpirun: str = "mpirun"

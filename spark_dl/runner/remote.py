@@ -79,9 +79,13 @@ def build_ssh_command(host: str, ssh_command: Sequence[str] = ("ssh",),
 
 
 def encode_payload(command: Sequence[str], env: Mapping[str, str],
-                   cwd: Optional[str] = None) -> bytes:
-    """One JSON line: the command, its environment (secret included) and directory."""
+                   cwd: Optional[str] = None, network: Optional[Mapping] = None) -> bytes:
+    """One JSON line: the command, its environment (secret included) and directory, and
+    the job's network (:meth:`~spark_dl.runner.network.JobNetwork.payload`), from which
+    the bootstrap picks the address its worker advertises."""
     data = {"command": list(command), "env": dict(env), "cwd": cwd}
+    if network is not None:
+        data["network"] = dict(network)
     return json.dumps(data, separators=(",", ":")).encode() + b"\n"
 
 
@@ -131,8 +135,17 @@ def main() -> int:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in payload["env"].items()})
         cwd = payload.get("cwd")
+        job_network = payload.get("network")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return _fail(f"malformed launch payload: {exc}", 2)
+    if job_network:
+        from spark_dl.runner.network import pick_address
+
+        try:
+            address, _how = pick_address(job_network, env.get("SDL_RENDEZVOUS_ADDR", ""))
+        except (ValueError, KeyError, TypeError) as exc:
+            return _fail(str(exc), 1)
+        env["SDL_HOSTNAME"] = address
     if cwd and os.path.isdir(cwd):
         os.chdir(cwd)
     problem = _register(env)
