@@ -7,7 +7,9 @@ to start each rank with its environment:
 ========================  ===================================================
 ``SDL_RANK`` ...          rank, size, local and cross rank/size (and the same
                           values as ``HOROVOD_*`` for scripts written for Horovod)
-``SDL_HOSTNAME``          the address peers use to reach this worker
+``SDL_HOSTNAME``          the address peers use to reach this worker: its host's
+                          address on the job's network (remote hosts pick theirs,
+                          see :mod:`~spark_dl.runner.network`)
 ``SDL_RENDEZVOUS_ADDR``   the rendezvous server, as reachable from the worker
 ``SDL_RENDEZVOUS_PORT``
 ``SDL_SECRET_KEY``        the per-job secret, hex; only ever in environments
@@ -96,9 +98,9 @@ def run_gloo(command: Sequence[str], slots: Sequence[SlotInfo], options: LaunchO
                             stopper=stopper, verbose=options.verbose)
         if options.verbose:
             group.log(f"job {job_id}: {len(slots)} ranks, rendezvous at "
-                      f"{rendezvous_addr}:{port}, bound to {net.address}"
-                      + (f" ({net.interface}: {net.reason})" if net.interface else
-                         f" ({net.reason})"))
+                      f"{rendezvous_addr}:{port}, bound to {net.address}; job network: "
+                      + " ".join(filter(None, (net.interface, net.subnet)))
+                      + f" ({net.reason})")
             for spec in specs:
                 group.log(f"rank {spec.rank} on {spec.hostname}: "
                           + " ".join(spec.argv))

@@ -188,7 +188,7 @@ def choose_network(remote_hosts: Sequence[str], nic: Optional[str] = None,
     for iface in found:
         if iface.address == address:
             return JobNetwork(address, address, iface.name, str(iface.network),
-                              reason=f"{iface.name} is on the route to {remote_hosts[0]}")
+                              reason=f"on the route to {remote_hosts[0]}")
     # An address on no listed interface (e.g. a secondary address): no subnet to share.
     return JobNetwork(address, address, reason=f"the route to {remote_hosts[0]}")
 

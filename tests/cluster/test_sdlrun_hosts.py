@@ -218,6 +218,12 @@ def check_job(cluster, reports, iface, other):
         # Across hosts: at least one payload per round, over the job's interface only.
         assert r["global_phase"][iface] > ROUNDS * ELEMENTS * 4, r["global_phase"]
         assert r["global_phase"][other] < 256 * 1024, r["global_phase"]
+    print(f"\n{iface}: bytes (rx+tx) per rank, in-host phase "
+          f"{[reports[r]['local_phase'][iface] for r in range(4)]}, across hosts "
+          f"{[reports[r]['global_phase'][iface] for r in range(4)]} ({other}: "
+          f"{[reports[r]['global_phase'][other] for r in range(4)]}); payload "
+          f"{ROUNDS} x {ELEMENTS * 4} B; transports {reports[0]['transport']}/"
+          f"{reports[0]['local_transport']}")
     assert reports[0]["host_hash"] == reports[1]["host_hash"]
     assert reports[2]["host_hash"] == reports[3]["host_hash"]
     assert reports[0]["host_hash"] != reports[2]["host_hash"]
@@ -254,7 +260,7 @@ def test_gloo_across_hosts_automatic_network(hosts, worker):
     assert rc == 0, err[-3000:]
     # host1 resolves to its eth0 address: the route from host0 to it is eth0's.
     addresses = check_job(cluster, reports, "eth0", "eth1")
-    assert "(eth0: eth0 is on the route to host1)" in err
+    assert f"job network: eth0 {cluster.subnets[0]} (on the route to host1)" in err
     for rank, r in reports.items():
         assert r["hostname_env"] == addresses["host0" if rank < 2 else "host1"]
         assert r["transport"] == "hierarchical" and r["local_transport"] == "shm"
