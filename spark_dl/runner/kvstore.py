@@ -423,8 +423,10 @@ class KVStoreServer:
 
     Args:
         secret: the job secret; every request must be authenticated with it.
-        host: address to bind; ``"0.0.0.0"`` (all interfaces) for multi-host jobs,
-            ``"127.0.0.1"`` for single-host ones. An address with ``:`` binds IPv6.
+        host: address to bind: ``"127.0.0.1"`` for single-host jobs, else the
+            launcher's address on the job's network (:mod:`spark_dl.runner.network`);
+            ``"0.0.0.0"`` (all interfaces, the default) only where a caller wants it. An
+            address with ``:`` binds IPv6.
         port: 0 picks a free port.
         max_body: largest accepted value in bytes.
         window_s: accepted clock difference for request timestamps (replay window).

@@ -216,19 +216,20 @@ def mpirun_command(mpirun: str, command: Sequence[str], slots: Sequence[SlotInfo
 
 
 def mpi_interfaces(slots: Sequence[SlotInfo], options: LaunchOptions) -> Optional[str]:
-    """What Open MPI's ``*_if_include`` get for an ``sdlrun --mpi`` job: the
-    ``network_interface`` as given (one name or a comma list), else, when ranks run on
-    other hosts, the subnet of the interface on the route to the first of them (a subnet
-    matches each host's own interface in it, whatever its name); None for a job on this
-    machine only (its ranks meet through shared memory), or when this machine has no
-    route to the first remote host (a name only ssh knows, e.g. an alias in
-    ``~/.ssh/config``: Open MPI then chooses, as without sdlrun).
+    """What Open MPI's ``*_if_include`` get for an ``sdlrun --mpi`` job with ranks on
+    other hosts: the ``network_interface`` as given (one name or a comma list), else the
+    subnet of the interface on the route to the first remote host (a subnet matches each
+    host's own interface in it, whatever its name).
+
+    None for a job on this machine only (its ranks meet through shared memory), and when
+    this machine has no route to the first remote host (a name only ssh knows, e.g. an
+    alias in ``~/.ssh/config``): Open MPI then chooses, as without sdlrun.
     """
-    if options.network_interface:
-        return options.network_interface
     remote_hosts = list(dict.fromkeys(s.hostname for s in slots if s.hostname != LOCALHOST))
     if not remote_hosts:
         return None
+    if options.network_interface:
+        return options.network_interface
     try:
         return choose_network(remote_hosts).subnet
     except ValueError:

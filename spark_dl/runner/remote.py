@@ -142,7 +142,7 @@ def main() -> int:
         from spark_dl.runner.network import pick_address
 
         try:
-            address, _how = pick_address(job_network, env.get("SDL_RENDEZVOUS_ADDR", ""))
+            address, _ = pick_address(job_network, env.get("SDL_RENDEZVOUS_ADDR", ""))
         except (ValueError, KeyError, TypeError) as exc:
             return _fail(str(exc), 1)
         env["SDL_HOSTNAME"] = address

@@ -117,6 +117,7 @@ def test_mpi_gets_the_interfaces(here, monkeypatch):
     monkeypatch.setattr(network, "route_address", lambda host: "10.1.0.10")
     assert mpi_interfaces(slots, LaunchOptions()) == "10.1.0.0/24"
     assert mpi_interfaces(slots[:1], LaunchOptions()) is None
+    assert mpi_interfaces(slots[:1], LaunchOptions(network_interface="eth1")) is None
     argv = mpirun_command("mpirun", ["x"], slots, {}, LaunchOptions(), "10.1.0.0/24")
     assert " ".join(argv).count("_if_include 10.1.0.0/24") == 2
     # --mpi-args' own value wins.
