@@ -69,7 +69,8 @@ def unavailable() -> Optional[str]:
     return None
 
 
-def _is_sshd(pid: int) -> bool:
+def is_sshd(pid: int) -> bool:
+    """Whether process ``pid`` is an sshd (a listener or a session)."""
     try:
         with open(f"/proc/{pid}/comm") as f:
             return f.read().strip() == "sshd"
@@ -171,7 +172,7 @@ class SshServers:
     def sshd_pids(self) -> List[int]:
         """Every sshd process on the cluster's hosts (listeners and sessions)."""
         return [pid for host in self.cluster.hosts for pid in host.processes()
-                if _is_sshd(pid)]
+                if is_sshd(pid)]
 
     def close(self) -> None:
         """Stops every server and its sessions; raises if an sshd is still running."""

@@ -18,6 +18,7 @@ import ipaddress
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -145,7 +146,8 @@ def _wildcard(address):
 
 
 def run_job(hosts, worker, args, pause=True, timeout=JOB_TIMEOUT, env=None):
-    """Runs sdlrun on host0; returns (rc, stdout, stderr, reports, listeners per host)."""
+    """Runs sdlrun on host0; returns (rc, stdout, stderr, reports by rank, sockets): sockets
+    maps each host to its (listening, established) sockets while the job paused."""
     cluster, servers = hosts
     h0 = cluster.hosts[0]
     with tempfile.TemporaryDirectory(prefix="sdl-hosts-") as tmp:
@@ -158,7 +160,7 @@ def run_job(hosts, worker, args, pause=True, timeout=JOB_TIMEOUT, env=None):
             proc = h0.popen(argv, env=_env(**(env or {}), **({"PAUSE_DIR": pause_dir}
                                                             if pause else {})),
                             stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        listeners = {}
+        sockets = {}
         try:
             if pause:
                 deadline = time.monotonic() + timeout
@@ -167,13 +169,13 @@ def run_job(hosts, worker, args, pause=True, timeout=JOB_TIMEOUT, env=None):
                         break
                     time.sleep(0.1)
                 else:
-                    listeners = {h.name: (_sockets(h), _sockets(h, listening=False))
-                                 for h in cluster.hosts}
+                    sockets = {h.name: (_sockets(h), _sockets(h, listening=False))
+                               for h in cluster.hosts}
                 open(os.path.join(pause_dir, "go"), "w").close()
             rc = proc.wait(timeout=timeout)
         except BaseException:
-            proc.kill()
-            proc.wait(timeout=10)
+            os.killpg(proc.pid, signal.SIGKILL)   # sdlrun and its session; cluster.close
+            proc.wait(timeout=10)                 # ends whatever ran on the hosts
             raise
         finally:
             with open(out_path, errors="replace") as f:
@@ -186,7 +188,7 @@ def run_job(hosts, worker, args, pause=True, timeout=JOB_TIMEOUT, env=None):
             report = json.loads(line.split("REPORT ", 1)[1])
             reports[report["rank"]] = report
     _wait_quiet(cluster)
-    return rc, stdout, stderr, reports, listeners
+    return rc, stdout, stderr, reports, sockets
 
 
 def _wait_quiet(cluster, timeout=15):
@@ -194,7 +196,7 @@ def _wait_quiet(cluster, timeout=15):
     deadline = time.monotonic() + timeout
     while True:
         left = [(h.name, pid) for h in cluster.hosts for pid in h.processes()
-                if not sshd._is_sshd(pid)]
+                if not sshd.is_sshd(pid)]
         if not left:
             return
         assert time.monotonic() < deadline, f"job processes left running: {left}"
@@ -255,7 +257,7 @@ def check_spark_dl_sockets(sockets, addresses, sshd_pids):
 @pytest.mark.timeout(150)
 def test_gloo_across_hosts_automatic_network(hosts, worker):
     cluster, servers = hosts
-    rc, out, err, reports, listeners = run_job(
+    rc, out, err, reports, sockets = run_job(
         hosts, worker, ["-np", "4", "-H", "host0:2,host1:2", "--verbose"])
     assert rc == 0, err[-3000:]
     # host1 resolves to its eth0 address: the route from host0 to it is eth0's.
@@ -265,13 +267,13 @@ def test_gloo_across_hosts_automatic_network(hosts, worker):
         assert r["hostname_env"] == addresses["host0" if rank < 2 else "host1"]
         assert r["transport"] == "hierarchical" and r["local_transport"] == "shm"
     pids = set(servers.sshd_pids())
-    check_spark_dl_sockets(listeners, addresses, pids)
+    check_spark_dl_sockets(sockets, addresses, pids)
 
 
 @pytest.mark.timeout(150)
 def test_gloo_network_interface_eth1(hosts, worker):
     cluster, servers = hosts
-    rc, out, err, reports, listeners = run_job(
+    rc, out, err, reports, sockets = run_job(
         hosts, worker, ["-np", "4", "-H", "host0:2,host1:2", "--network-interface", "eth1",
                         "--verbose"])
     assert rc == 0, err[-3000:]
@@ -279,7 +281,7 @@ def test_gloo_network_interface_eth1(hosts, worker):
     assert f"bound to {addresses['host0']}" in err
     for rank, r in reports.items():
         assert r["hostname_env"] == addresses["host0" if rank < 2 else "host1"]
-    check_spark_dl_sockets(listeners, addresses, set(servers.sshd_pids()))
+    check_spark_dl_sockets(sockets, addresses, set(servers.sshd_pids()))
 
 
 @pytest.mark.timeout(120)
@@ -307,6 +309,24 @@ def test_network_interface_errors(hosts, worker):
         h1.run(["ip", "addr", "add", original, "dev", "eth1"])
 
 
+@pytest.mark.timeout(90)
+def test_unreachable_host_fails_within_start_timeout(hosts, worker):
+    cluster, _ = hosts
+    h1 = cluster.hosts[1]
+    h1.link(up=False)   # host1 is off the network: ssh cannot reach it
+    try:
+        start = time.monotonic()
+        rc, _, err, _, _ = run_job(hosts, worker, ["-np", "4", "-H", "host0:2,host1:2",
+                                                   "--start-timeout", "5"], pause=False,
+                                   timeout=60)
+        elapsed = time.monotonic() - start
+    finally:
+        h1.link(up=True)
+    print(f"\nhost1 unreachable: exit code {rc} after {elapsed:.1f} s:\n{err[-600:]}")
+    assert rc != 0 and "host1" in err, err[-2000:]
+    assert elapsed < 30, elapsed
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("iface", ["eth0", "eth1"])
 def test_mpi_across_hosts(hosts, worker, iface):
@@ -314,7 +334,7 @@ def test_mpi_across_hosts(hosts, worker, iface):
     args = ["--mpi", "-np", "4", "-H", "host0:2,host1:2", "--verbose"]
     if iface == "eth1":
         args += ["--network-interface", "eth1"]
-    rc, out, err, reports, listeners = run_job(hosts, worker, args)
+    rc, out, err, reports, sockets = run_job(hosts, worker, args)
     assert rc == 0, err[-3000:]
     other = "eth1" if iface == "eth0" else "eth0"
     addresses = check_job(cluster, reports, iface, other)
@@ -323,10 +343,10 @@ def test_mpi_across_hosts(hosts, worker, iface):
     assert f"--mca oob_tcp_if_include {want}" in err
     assert f"--mca btl_tcp_if_include {want}" in err
     assert f"--mca plm_rsh_args '-p {servers.port} -i {servers.identity}'" in err
-    assert set(listeners) == {"host0", "host1"}
+    assert set(sockets) == {"host0", "host1"}, "the job did not pause for the check"
     sshd_pids = set(servers.sshd_pids())
     wide, narrow = set(), set()
-    for host, (found, _) in listeners.items():
+    for host, (found, _) in sockets.items():
         for address, _, name, pid in found:
             if pid not in sshd_pids:
                 (wide if _wildcard(address) else narrow).add((host, name, address))
@@ -337,7 +357,7 @@ def test_mpi_across_hosts(hosts, worker, iface):
     for _, _, address in narrow:
         assert ipaddress.ip_address(address).is_loopback or address in addresses.values()
     # Open MPI's connections, though, follow *_if_include: none leaves the job's network.
-    for host, (_, connections) in listeners.items():
+    for host, (_, connections) in sockets.items():
         for address, port, name, pid in connections:
             if name not in ("ssh", "sshd") and pid not in sshd_pids and \
                     not ipaddress.ip_address(address).is_loopback:

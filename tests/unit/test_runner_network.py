@@ -13,7 +13,7 @@ from spark_dl.runner.options import LaunchOptions
 
 
 def iface(name, cidr):
-    address, prefix = cidr.split("/")
+    address = cidr.split("/")[0]
     return network.Interface(name, address, ipaddress.ip_network(cidr, strict=False))
 
 
