@@ -157,6 +157,7 @@ def _registration_check(server: KVStoreServer, ranks: Sequence[int],
         missing = ", ".join(f"{r} ({hosts[r]})" for r in sorted(waiting))
         return (f"ranks {missing} did not start within {start_timeout:g} s: check that ssh "
                 f"reaches those hosts and that they reach the rendezvous server at "
-                f"{rendezvous_addr}:{port} (see --start-timeout, --rendezvous-addr)")
+                f"{rendezvous_addr}:{port} (see --start-timeout, --network-interface, "
+                f"--rendezvous-addr)")
 
     return check
