@@ -1,0 +1,169 @@
+"""spark_dl on a Spark standalone cluster of two hosts (issue 31).
+
+Hosts (netns.py): ``client`` runs the standalone master and the application's driver;
+``host0`` and ``host1`` run one Worker each (2 cores: 2 task slots). ``spark_dl.spark.run``
+with Gloo and with MPI across 2 hosts x 2 slots must give ranks grouped by host (the ranks
+of one host share its host hash and local ranks 0..1; cross ranks 0..1), move intra-host
+traffic through shared memory (the loopback interface stays quiet while a host-local
+process set allreduces megabytes) and inter-host traffic over eth0 (at least the data of
+the cross-host allreduces leaves each host's eth0), and reduce right. A TorchEstimator
+fit across the two hosts must equal the same fit (same ranks, data, partitioning, seed,
+a Store on the shared filesystem) run on the client host alone.
+"""
+
+import os
+import sys
+
+import cloudpickle
+import pytest
+
+import netns
+from spark_standalone import Standalone
+
+pytest.importorskip("pyspark")
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the driver cannot import it
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+MIB = 1 << 20
+# The allreduce moved in each phase: well above the background traffic of one phase
+# (task pings every second, Spark heartbeats, negotiation: kilobytes).
+PAYLOAD = 4 * MIB
+ROUNDS = 3
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with netns.Cluster(3, names=["client", "host0", "host1"]) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def standalone(hosts):
+    client, h0, h1 = hosts.hosts
+    cluster = Standalone(client, [h0, h1])
+    try:
+        cluster.start(timeout=240)
+        cluster.app = cluster.driver(client, timeout=240)
+        yield cluster
+    finally:
+        cluster.stop(hosts=hosts.hosts)  # raises if a process is left on a host
+
+
+# ------------------------------------------------------------------------- the workers
+
+
+def topology(payload, rounds):
+    """Rank placement, transports, interface byte counts per phase, an allreduce."""
+    import os
+    import socket
+
+    import numpy as np
+
+    import spark_dl.numpy as sdl
+    from spark_dl.spark.launch.network import host_hash
+
+    def nic_bytes():
+        out = {}
+        for nic in ("lo", "eth0"):
+            for way in ("tx", "rx"):
+                with open(f"/sys/class/net/{nic}/statistics/{way}_bytes") as f:
+                    out[f"{nic}_{way}"] = int(f.read())
+        return out
+
+    def delta(a, b):
+        return {k: b[k] - a[k] for k in a}
+
+    sdl.init()
+    local = sdl.local_size()
+    groups = [list(range(h * local, (h + 1) * local)) for h in range(sdl.cross_size())]
+    sets = [sdl.add_process_set(g) for g in groups]
+    mine = sets[sdl.cross_rank()]
+    x = np.full(payload // 4, sdl.rank() + 1.0, dtype=np.float32)
+    sdl.allreduce(x, op=sdl.Sum, process_set=mine)  # warm: connections, segments
+    sdl.allreduce(x, op=sdl.Sum)
+    sdl.barrier()
+    c0, n0 = sdl.counters(), nic_bytes()
+    for _ in range(rounds):
+        in_host = sdl.allreduce(x, op=sdl.Sum, process_set=mine)
+    sdl.barrier()
+    c1, n1 = sdl.counters(), nic_bytes()
+    for _ in range(rounds):
+        total = sdl.allreduce(x, op=sdl.Sum)
+    sdl.barrier()
+    c2, n2 = sdl.counters(), nic_bytes()
+    return {"rank": sdl.rank(), "size": sdl.size(), "local_rank": sdl.local_rank(),
+            "local_size": sdl.local_size(), "cross_rank": sdl.cross_rank(),
+            "cross_size": sdl.cross_size(), "hostname": socket.gethostname(),
+            "host_hash": host_hash(), "host_id": os.environ.get("SDL_HOST_ID"),
+            "peer_address": os.environ.get("SDL_HOSTNAME"),
+            "controller": os.environ.get("SDL_CONTROLLER"),
+            "transport": sdl.transport(), "host_transport": sdl.transport(mine),
+            "in_host": float(in_host[0]), "total": float(total[0]),
+            "in_host_nics": delta(n0, n1), "cross_nics": delta(n1, n2),
+            "in_host_counters": {k: c1[k] - c0.get(k, 0) for k in ("collectives", "bytes")},
+            "cross_counters": {k: c2[k] - c1.get(k, 0) for k in ("collectives", "bytes")}}
+
+
+def run_topology(spark, use_mpi):
+    import io
+
+    from spark_dl.spark import run
+
+    out = io.StringIO()
+    results = run(topology, args=(PAYLOAD, ROUNDS), num_proc=4, use_mpi=use_mpi,
+                  use_gloo=not use_mpi, stdout=out, stderr=out, start_timeout=120)
+    return results, out.getvalue()
+
+
+def _check_topology(hosts, results, controller):
+    by_host = {}
+    for rank, r in enumerate(results):
+        assert r["rank"] == rank and r["size"] == 4 and r["controller"] == controller
+        by_host.setdefault(r["hostname"], []).append(r)
+    assert sorted(by_host) == ["host0", "host1"], by_host.keys()
+    addresses = {h.name: h.address for h in hosts.hosts}
+    cross = set()
+    for name, ranks in by_host.items():
+        # Ranks of one host are consecutive, local ranks 0..1, one cross rank per host.
+        assert [r["local_rank"] for r in ranks] == [0, 1]
+        assert [r["rank"] for r in ranks] == [ranks[0]["rank"], ranks[0]["rank"] + 1]
+        assert {(r["local_size"], r["cross_size"]) for r in ranks} == {(2, 2)}
+        assert len({r["cross_rank"] for r in ranks}) == 1
+        cross.add(ranks[0]["cross_rank"])
+        assert len({r["host_hash"] for r in ranks}) == 1
+        assert {r["host_id"] for r in ranks} == {ranks[0]["host_hash"]}
+        if controller == "gloo":  # Gloo's peers reach each rank at its host's address
+            assert {r["peer_address"] for r in ranks} == {addresses[name]}
+    assert cross == {0, 1}
+    assert by_host["host0"][0]["host_hash"] != by_host["host1"][0]["host_hash"]
+    for r in results:
+        assert r["transport"] == "hierarchical" and r["host_transport"] == "shm", r
+        first = 1 + 2 * r["cross_rank"]  # the host's ranks hold first and first + 1
+        assert r["in_host"] == first + first + 1 and r["total"] == 1 + 2 + 3 + 4
+    data = PAYLOAD * ROUNDS
+    for name, ranks in by_host.items():
+        r = ranks[0]  # both ranks of a host read the same (the host's) counters
+        inside, across = r["in_host_nics"], r["cross_nics"]
+        # Host-local allreduces: shared memory, no interface carries their data.
+        assert inside["lo_tx"] < data / 20 and inside["eth0_tx"] < data / 20, (name, inside)
+        # Cross-host allreduces: one leader per host sends over eth0 at least the
+        # reduce-scatter's and the allgather's half each (= the data), lo stays quiet.
+        assert across["eth0_tx"] > 0.9 * data and across["eth0_rx"] > 0.9 * data, (name, across)
+        assert across["lo_tx"] < data / 20, (name, across)
+        assert r["in_host_counters"]["collectives"] >= ROUNDS
+    return by_host
+
+
+def test_gloo_across_two_hosts(hosts, standalone):
+    results, out = standalone.app.call(run_topology, False, timeout=240)
+    by_host = _check_topology(hosts, results, "gloo")
+    print({h: [(r["rank"], r["in_host_nics"], r["cross_nics"]) for r in rs]
+           for h, rs in by_host.items()})
+
+
+def test_mpi_across_two_hosts(hosts, standalone):
+    results, out = standalone.app.call(run_topology, True, timeout=240)
+    by_host = _check_topology(hosts, results, "mpi")
+    print({h: [(r["rank"], r["in_host_nics"], r["cross_nics"]) for r in rs]
+           for h, rs in by_host.items()})
