@@ -111,12 +111,22 @@ class Driver:
     def call(self, fn, *args, timeout: float = 120.0, **kwargs):
         """Runs ``fn(spark, *args, **kwargs)`` in the driver; returns its value or raises
         its exception (``TimeoutError`` after ``timeout`` s: the driver is then useless)."""
+        self.submit(fn, *args, **kwargs)
+        return self.result(timeout)
+
+    def submit(self, fn, *args, **kwargs) -> None:
+        """Starts ``fn(spark, *args, **kwargs)`` in the driver; :meth:`result` waits for it
+        (one call at a time)."""
         import cloudpickle
 
         data = cloudpickle.dumps((fn, args, kwargs))
+        self._pending = getattr(fn, "__name__", "call")
         self.proc.stdin.write(struct.pack("!Q", len(data)) + data)
         self.proc.stdin.flush()
-        return self._reply(timeout, getattr(fn, "__name__", "call"))
+
+    def result(self, timeout: float = 120.0):
+        """The value of the call :meth:`submit` started, or its exception."""
+        return self._reply(timeout, self._pending)
 
     def _read(self, n: int, deadline: float, what: str) -> bytes:
         out = b""

@@ -167,3 +167,55 @@ def test_mpi_across_two_hosts(hosts, standalone):
     by_host = _check_topology(hosts, results, "mpi")
     print({h: [(r["rank"], r["in_host_nics"], r["cross_nics"]) for r in rs]
            for h, rs in by_host.items()})
+
+
+# --------------------------------------------------------------------- the estimator
+
+
+def fit(spark, store_path, run_id):
+    """A TorchEstimator fit on 4 ranks: fixed rows in 4 partitions, seeded; returns the
+    model's weights, the history and where the ranks ran."""
+    import numpy as np
+    import torch
+
+    from spark_dl.spark.common.store import Store
+    from spark_dl.spark.torch import TorchEstimator
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(400, 3))
+    y = x @ np.array([2.0, -1.0, 0.5]) - 1.0
+    rows = [tuple(float(v) for v in r) + (float(t),) for r, t in zip(x, y)]
+    df = spark.sparkContext.parallelize(rows, 4).toDF(["a", "b", "c", "y"])
+    from pyspark.ml.feature import VectorAssembler
+
+    df = VectorAssembler(inputCols=["a", "b", "c"], outputCol="features").transform(df)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    est = TorchEstimator(num_proc=4, model=net,
+                         optimizer=torch.optim.SGD(net.parameters(), lr=0.05),
+                         loss=torch.nn.functional.mse_loss, feature_cols=["features"],
+                         label_cols=["y"], batch_size=20, epochs=2, random_seed=11,
+                         store=Store.create(store_path), run_id=run_id, verbose=0)
+    model = est.fit(df)
+    weights = {k: v.detach().numpy().copy() for k, v in model.getModel().state_dict().items()}
+    return weights, model.getHistory()
+
+
+def test_torch_estimator_across_hosts_equals_one_host(hosts, standalone, tmp_path):
+    import numpy as np
+
+    client = hosts.hosts[0]
+    store = str(tmp_path / "store")
+    across, history = standalone.app.call(fit, store, "hosts", timeout=300)
+    # The same fit with the same 4 ranks on the client host alone (local[4]).
+    alone = standalone.driver(client, master="local[4]", timeout=120)
+    try:
+        single, single_history = alone.call(fit, store, "one_host", timeout=300)
+    finally:
+        alone.stop()
+        standalone.drivers.remove(alone)
+    assert history["epoch"] == single_history["epoch"] == [1, 2]
+    np.testing.assert_allclose(history["loss"], single_history["loss"], rtol=1e-5)
+    assert sorted(across) == sorted(single)
+    for name in across:
+        np.testing.assert_allclose(across[name], single[name], rtol=1e-5, atol=1e-6)

@@ -40,7 +40,7 @@ import signal
 import sys
 import threading
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from spark_dl.rendezvous.secret import secret_to_hex
 from spark_dl.runner.mpi_run import (OPEN_MPI_TAG, explain_failure, failed_rank,
@@ -54,6 +54,7 @@ from spark_dl.spark.launch.driver.service import Failure, describe_exit
 from spark_dl.spark.launch.errors import MpiNotBuiltError
 from spark_dl.spark.launch.handover import SecretHandover
 from spark_dl.spark.launch.launcher import Launcher, LaunchContext, call_tasks
+from spark_dl.spark.launch.network import address_network
 from spark_dl.spark.launch.rsh_agent import AGENT_HANDOVER_VAR
 from spark_dl.spark.launch.task.environment import (DRIVER_VAR, PYTHON_VAR, device_environment,
                                                     format_endpoints)
@@ -87,23 +88,38 @@ def host_alias(host_hash: str) -> str:
     return f"sdl-{host_hash}"
 
 
-def job_interfaces(addresses: Sequence[str]) -> str:
+def job_interfaces(addresses: Sequence[str],
+                   networks: Optional[Mapping[str, str]] = None) -> str:
     """Open MPI's ``*_if_include`` value for the addresses a job uses (the driver's and
-    the task services'): ``lo`` when they are all loopback, else each as a ``/32``
-    network, so that mpirun, the daemons and the ranks connect only over them."""
+    the task services'): ``lo`` when they are all loopback, else the network of each
+    address's interface (``networks``: address -> CIDR, as the tasks registered them), so
+    that mpirun, the daemons and the ranks connect only over those interfaces.
+
+    An address whose network is unknown is given as a ``/32``: enough for ``mpirun`` and
+    the daemons, but Open MPI's TCP transport then refuses connections between ranks on
+    different hosts (measured with Open MPI 4.1 on namespace hosts: the job hangs in its
+    first collective), hence the tasks' networks.
+    """
     unique = sorted(set(addresses))
     if all(a.startswith("127.") or a == "::1" for a in unique):
         return "lo"
-    return ",".join(f"{a}/128" if ":" in a else f"{a}/32" for a in unique)
+    networks = networks or {}
+    out: List[str] = []
+    for a in unique:
+        net = networks.get(a) or (f"{a}/128" if ":" in a else f"{a}/32")
+        if net not in out:
+            out.append(net)
+    return ",".join(out)
 
 
 def spark_mpi_args(extra_mpi_args, nics: Optional[Sequence[str]] = None,
-                   addresses: Sequence[str] = (), single_host: bool = False) -> List[str]:
+                   addresses: Sequence[str] = (), single_host: bool = False,
+                   networks: Optional[Mapping[str, str]] = None) -> List[str]:
     """``extra_mpi_args`` (a string split like a shell, or a list), checked, after the
     fixed settings and the job's network (each unless ``extra_mpi_args`` sets its own):
 
     - ``oob_tcp_if_include``/``btl_tcp_if_include``: the ``nics`` interfaces, else the
-      ``addresses`` the job uses (:func:`job_interfaces`);
+      networks of the ``addresses`` the job uses (:func:`job_interfaces`);
     - ``btl ^tcp,ofi`` for a ``single_host`` job: its ranks meet through shared memory,
       so none opens the listeners of Open MPI's network transports (the TCP one binds
       every interface whatever ``btl_tcp_if_include`` says; libfabric's binds the host's
@@ -121,7 +137,8 @@ def spark_mpi_args(extra_mpi_args, nics: Optional[Sequence[str]] = None,
                 "the Spark tasks decide the ranks and their hosts, output is always tagged, "
                 "and mpirun reaches the executors through the task services)")
     args = list(_FIXED_MCA)
-    interfaces = ",".join(nics) if nics else (job_interfaces(addresses) if addresses else "")
+    interfaces = ",".join(nics) if nics else (
+        job_interfaces(addresses, networks) if addresses else "")
     if interfaces:
         for param in ("btl_tcp_if_include", "oob_tcp_if_include"):
             if param not in extra:
@@ -236,9 +253,15 @@ class MpiLauncher(Launcher):
         exported = {**ctx.user_env, "SDL_CONTROLLER": "mpi", "SDL_JOB_ID": ctx.job_id}
         addresses = [h for h, _ in ctx.driver_endpoints] + [
             h for p in ctx.placements for h, _ in p.task.endpoints]
+        # mpirun runs here, beside the driver service: its addresses' networks are ours.
+        networks = {h: address_network(h) for h, _ in ctx.driver_endpoints}
+        for p in ctx.placements:
+            networks.update(zip((h for h, _ in p.task.endpoints), p.task.networks))
+        networks = {h: n for h, n in networks.items() if n}
         options = LaunchOptions(controller="mpi", mpirun=self._mpirun,
                                 mpi_args=spark_mpi_args(self._extra, ctx.nics, addresses,
-                                                        single_host=len(hosts) == 1),
+                                                        single_host=len(hosts) == 1,
+                                                        networks=networks),
                                 ssh_command=(sys.executable, "-m",
                                              "spark_dl.spark.launch.rsh_agent"))
         # The executor's interpreter (the task's, in the daemon's environment) runs the

@@ -28,8 +28,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from spark_dl.runner.gloo_run import route_address
 
-__all__ = ["host_hash", "interface_addresses", "driver_addresses", "task_bind_addresses",
-           "is_local_master", "caller_addresses"]
+__all__ = ["host_hash", "interface_addresses", "address_network", "driver_addresses",
+           "task_bind_addresses", "is_local_master", "caller_addresses"]
 
 _SIOCGIFADDR = 0x8915
 
@@ -92,6 +92,27 @@ def interface_addresses(nics: Sequence[str]) -> List[str]:
         if address not in addresses:
             addresses.append(address)
     return addresses
+
+
+def address_network(address: str) -> Optional[str]:
+    """The network (``10.0.0.0/24``) of the interface here that holds ``address``, or
+    None (not an address of this machine, or no psutil to list the netmasks).
+
+    Open MPI's TCP transport needs the interfaces' real networks in
+    ``btl_tcp_if_include``: given each host's address as a ``/32``, ranks on different
+    hosts reject each other's connections and the job hangs in its first collective.
+    """
+    import ipaddress
+
+    try:
+        import psutil
+    except ImportError:
+        return None
+    for addrs in psutil.net_if_addrs().values():
+        for addr in addrs:
+            if addr.family == socket.AF_INET and addr.address == address and addr.netmask:
+                return str(ipaddress.ip_interface(f"{address}/{addr.netmask}").network)
+    return None
 
 
 def is_local_master(master: str) -> bool:

@@ -71,6 +71,9 @@ class Registration:
     endpoints: List[Endpoint]
     gpus: List[str]
     pid: int
+    # The network (CIDR) of the interface holding each endpoint's address, where the task
+    # could tell (Open MPI's btl_tcp_if_include needs them across hosts).
+    networks: List[Optional[str]] = field(default_factory=list)
 
 
 @dataclass
@@ -183,12 +186,12 @@ class DriverService:
             raise ValueError(f"rank {rank} outside 0..{self.num_proc - 1}")
 
     def _register(self, index: int, host_hash: str, hostname: str, endpoints, gpus,
-                  pid: int) -> dict:
+                  pid: int, networks=None) -> dict:
         self._check_index(index)
         self.server.tag("task", index)  # its pings and exit report follow on this connection
         reg = Registration(index, str(host_hash), str(hostname),
                            [(str(h), int(p)) for h, p in endpoints], [str(g) for g in gpus],
-                           int(pid))
+                           int(pid), [None if n is None else str(n) for n in networks or ()])
         with self._cond:
             if self._rank_of is not None:
                 # Spark restarted a task (stage retry) after the workers were launched:

@@ -26,7 +26,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
-from spark_dl.spark.launch.network import host_hash, task_bind_addresses
+from spark_dl.spark.launch.network import address_network, host_hash, task_bind_addresses
 from spark_dl.spark.launch.service import Endpoint, ServiceClient, ServiceError, log_to_stderr
 from spark_dl.spark.launch.task.service import TaskService
 
@@ -85,7 +85,8 @@ class TaskMain:
             endpoints = service.start()
             answer = driver.call("register", index=index, host_hash=host_hash(),
                                  hostname=socket.gethostname(), endpoints=endpoints,
-                                 gpus=service.gpus, pid=os.getpid())
+                                 gpus=service.gpus, pid=os.getpid(),
+                                 networks=[address_network(h) for h, _ in endpoints])
             if answer.get("accepted"):
                 self._wait(service, driver, index)
             return None
