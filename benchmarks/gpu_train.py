@@ -11,8 +11,14 @@ Run it on a GPU machine after building there (``bash scripts/gpu_check.sh`` runs
 the CPU; ``--device cpu`` runs parts (a) and (b) with the CPU and gloo in place of CUDA and
 NCCL, and part (c) on CPU tensors, which checks the code but measures nothing about GPUs.
 
-Parts (each its own ``sdlrun`` job; the driver and every rank refuse to import pyspark,
-which the GPU machine does not have, and report who tried):
+How it runs. Parts with the same number of ranks share one ``sdlrun`` job (each job pays
+the imports): on a one-GPU machine (a) and (b) with one rank, (c) with two; with
+``--device cpu`` all with two (``--np``). A task that fails or hangs ends its job (every rank
+prints its threads' stacks before the job is killed at ``--timeout``) and the tasks after
+it run in a new job, so one failure costs only its own part. The driver and every rank
+refuse to import pyspark, which the GPU machine does not have, and report who tried.
+
+Parts:
 
 ``estimator`` (a)
     The worker loop every Spark task of ``TorchEstimator`` and ``LightningEstimator`` runs
@@ -22,8 +28,8 @@ which the GPU machine does not have, and report who tried):
     train directory, then the metadata document) into a ``LocalStore``; each rank builds the
     ``TrainSpec`` the estimator would (SmallCNN from examples/pytorch_synthetic_benchmark.py,
     SGD, cross-entropy, the estimators' defaults) and calls ``train`` on its cloudpickled
-    bytes. Peers: ``use_gpu=True`` (``cuda``) and ``use_gpu=False`` (``cpu``); one job per
-    framework, whole fits alternating between the devices in an order that rotates per
+    bytes. Peers: ``use_gpu=True`` (``cuda``) and ``use_gpu=False`` (``cpu``) in the same
+    processes, whole fits alternating between the devices in an order that rotates per
     round, after one short untimed fit on each. Reported per fit: the step time (from one
     step's end to the next, loader included, on rank 0; the first epoch is warm-up),
     rows/s, the time from ``train()`` to the end of the first step, and the first epoch's
@@ -37,7 +43,7 @@ which the GPU machine does not have, and report who tried):
     order, each after a barrier, timed on rank 0 until ``torch.cuda.synchronize()``.
     spark_dl's background thread is parked (cycle time 1 s) while the others run. Checked
     first: one step from the same weights gives ``spark_dl`` and ``ddp`` the same
-    parameters; at the end every peer's replicas are identical across ranks.
+    parameters; at the end the replicas of each are identical across ranks.
 
 ``shared_gpu`` (c)
     Two ranks on ``cuda:0`` (NCCL refuses that: the core must stage through host memory):
@@ -54,7 +60,9 @@ status 0: everything measured and checked; 1: a job failed, timed out or a check
 
 import argparse
 import datetime
+import faulthandler
 import functools
+import gc
 import importlib.abc
 import importlib.util
 import json
@@ -81,7 +89,7 @@ LOSS_RTOL = 0.02            # (a): first-epoch loss, CUDA against CPU
 ROW_GROUP_BYTES = 8 << 20   # prepare_data's default row_group_size_mb
 IMAGE = 32                  # SmallCNN's input side
 QUICK = dict(iters=3, warmup=0, rounds=1, rows=128, epochs=2, batch_size=16, width=4,
-             large_mib=1)
+             large_mib=1, small_count=20)
 
 
 # ----------------------------------------------------------------------------- no pyspark
@@ -97,11 +105,14 @@ class _NoPyspark(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name != "pyspark" and not name.startswith("pyspark."):
             return None
-        where = "?"
-        for frame in reversed(traceback.extract_stack()[:-1]):
-            if f"{os.sep}spark_dl{os.sep}" in frame.filename:
-                where = f"{os.path.relpath(frame.filename, ROOT)}:{frame.lineno}"
-                break
+        # The importing line: the innermost spark_dl frame, else the innermost one outside
+        # the import machinery (a third-party package probing for pyspark).
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if not f.filename.startswith("<") and f.filename != __file__]
+        ours = [f for f in frames if f"{os.sep}spark_dl{os.sep}" in f.filename]
+        frame = (ours or frames or [None])[-1]
+        where = "?" if frame is None else f"{frame.filename}:{frame.lineno}".replace(
+            ROOT + os.sep, "")
         if where not in self.attempts:
             self.attempts.append(where)
         raise ModuleNotFoundError(f"No module named {name!r} (refused by benchmarks/gpu_train.py"
@@ -386,6 +397,18 @@ def _init_process_group(args, hvd, backend, device):
     return dist
 
 
+def _end_group(dist, hvd):
+    """Ends a task's torch.distributed group alike on every rank: all done with it, then
+    destroyed (the caller dropped its other users, such as DDP, first) and collected, then
+    the ranks in step before the next task. Left to the garbage collector, the group was
+    freed on one rank while the other had moved on, and twice in 14 CPU runs that rank hung
+    there."""
+    dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()
+    hvd.barrier()
+
+
 def _step_worker(args, _=None):
     import torch
     import torch.nn.functional as F
@@ -425,8 +448,10 @@ def _step_worker(args, _=None):
     target = torch.randint(0, 10, (args.batch_size,), generator=g).to(device)
     default_cycle = knob_value("cycle_time_ms")
 
-    def step(peer):
+    def use(peer):
         set_knob("cycle_time_ms", default_cycle if peer == "spark_dl" else PARKED_CYCLE_MS)
+
+    def step(peer):
         model, opt = peers[peer]
         opt.zero_grad()
         F.cross_entropy(model(data), target).backward()
@@ -438,19 +463,21 @@ def _step_worker(args, _=None):
                           .parameters()])
 
     # Same weights, same batch, one step: both must reduce the gradients alike.
-    step("spark_dl")
-    step("ddp")
+    for peer in ("spark_dl", "ddp"):
+        use(peer)
+        step(peer)
     _sync(device)
     diff = float((params("spark_dl") - params("ddp")).abs().max())
     if not torch.allclose(params("spark_dl"), params("ddp"), rtol=1e-3, atol=1e-5):
         raise AssertionError(f"one step: spark_dl's parameters differ from DDP's by up to {diff}")
     for peer in STEP_PEERS:
+        use(peer)
         for _ in range(args.warmup):
             step(peer)
     times = {p: [] for p in STEP_PEERS}
     for it in range(args.iters):
         for peer in STEP_PEERS[it % 3:] + STEP_PEERS[:it % 3]:
-            set_knob("cycle_time_ms", default_cycle if peer == "spark_dl" else PARKED_CYCLE_MS)
+            use(peer)
             _sync(device)
             dist.barrier()
             _sync(device)
@@ -465,12 +492,14 @@ def _step_worker(args, _=None):
         dist.all_gather(every, flat)
         if not all(torch.equal(every[0], e) for e in every):
             raise AssertionError(f"{peer}: replicas diverged across ranks")
-    backend = dist.get_backend()
-    dist.destroy_process_group()
+    backend, n_params = dist.get_backend(), int(params("local").numel())
+    peers.clear()
+    del ddp, m
+    _end_group(dist, hvd)
     if rank != 0:
         return None
     return {"size": size, "device": str(device), "backend": backend,
-            "parameters": int(params("local").numel()), "one_step_max_diff": diff,
+            "parameters": n_params, "one_step_max_diff": diff,
             "step_s": {p: _percentiles(t) for p, t in times.items()},
             "pyspark_imports_refused": list(NO_PYSPARK.attempts)}
 
@@ -482,7 +511,7 @@ def _shared_tensors(args, workload, device, rank, gb):
 
     if workload == "small":
         return [torch.full((gb.SMALL_ELEMS,), float(rank + 1 + i % 7), device=device)
-                for i in range(gb.SMALL_COUNT)]
+                for i in range(args.small_count or gb.SMALL_COUNT)]
     return [torch.full((_large_elems(args, gb),), float(rank + 1), device=device)]
 
 
@@ -550,12 +579,13 @@ def _shared_gpu_worker(args, _=None):
         if wrong:
             raise AssertionError(f"two ranks on one GPU, yet allreduces were not staged "
                                  f"through host memory (or ran on NCCL directly): {wrong}")
-    dist.destroy_process_group()
+    _end_group(dist, hvd)
     if rank != 0:
         return None
     return {"size": size, "device": str(device), "allreduce_s": results,
             "not_measured": not_measured, "staging": staging,
             "large_bytes": _large_elems(args, gb) * 4,
+            "small_count": args.small_count or gb.SMALL_COUNT,
             "pyspark_imports_refused": list(NO_PYSPARK.attempts)}
 
 
@@ -563,14 +593,24 @@ def worker(args):
     """Runs the job's tasks in order; rank 0 prints each one's result as it is done (a task
     that fails ends the job, and the driver runs the rest in a new one)."""
     _refuse_pyspark()
+    if args.dump_after:  # a job about to be killed shows where every thread waits
+        faulthandler.dump_traceback_later(args.dump_after, exit=False)
+    import spark_dl.numpy as sdl
+
+    sdl.init()
     fns = {"estimator": _estimator_worker, "step": _step_worker,
            "shared_gpu": _shared_gpu_worker}
     for task in args.tasks.split(","):
         part, _, framework = task.partition(".")
         t0 = time.monotonic()
         result = fns[part](args, framework)
+        # What the task left (Lightning's trainers, models) goes now, on every rank alike,
+        # rather than whenever the garbage collector runs during the next task.
+        gc.collect()
+        sdl.barrier()
         if result is not None:
             result["seconds"] = time.monotonic() - t0
+            result["pyspark_loaded"] = "pyspark" in sys.modules
             import torch
 
             result["device_name"] = (torch.cuda.get_device_name(0) if args.device == "cuda"
@@ -586,6 +626,7 @@ def _run_job(cmd, env, deadline):
     left = deadline - time.monotonic()
     if left < 5:
         return {}, "no time left (--timeout)"
+    cmd = cmd + ["--dump-after", str(max(1, int(left) - 3))]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     why = None
@@ -594,7 +635,7 @@ def _run_job(cmd, env, deadline):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        why = f"timed out (--timeout {int(deadline - time.monotonic() + left)} s in all)"
+        why = "timed out (--timeout)"
     got = {}
     for line in out.splitlines():
         if MARK in line:
@@ -618,8 +659,8 @@ def _run_tasks(args, tasks, np_, deadline):
         cmd = [sys.executable, "-m", "spark_dl.runner", "-np", str(np_), sys.executable,
                os.path.abspath(__file__), "--worker", "--tasks", ",".join(pending),
                "--device", args.device]
-        for key in ("iters", "warmup", "rounds", "epochs", "batch_size", "width", "large_mib",
-                    "collective_timeout", "store", "idx"):
+        for key in ("iters", "warmup", "rounds", "epochs", "batch_size", "width", "small_count",
+                    "large_mib", "collective_timeout", "store", "idx"):
             value = getattr(args, key)
             if value is not None:
                 cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -692,8 +733,8 @@ def _report_shared(r):
     what = ("two ranks on one GPU (host staging)" if r["device"].startswith("cuda") else
             "CPU tensors: a run of the code, not the staging path")
     print(f"\n## (c) allreduce, {r['size']} ranks on {r['device']}: {what}; spark_dl against "
-          f"torch.distributed gloo, ms (median [p10, p90]); large = "
-          f"{r['large_bytes'] / 2**20:.0f} MiB\n")
+          f"torch.distributed gloo, ms (median [p10, p90]); small = {r['small_count']} x 16 KiB, "
+          f"large = {r['large_bytes'] / 2**20:.0f} MiB\n")
     peers = [p for p in SHARED_PEERS if p not in r["not_measured"]]
     print("| workload | " + " | ".join(peers) + " |")
     print("|---|" + "---|" * len(peers))
@@ -728,6 +769,7 @@ def main():
     p.add_argument("--epochs", type=int, help="(a): epochs per fit, the first untimed (3)")
     p.add_argument("--batch-size", type=int, help="(a), (b): rows per step and rank (64)")
     p.add_argument("--width", type=int, help="SmallCNN's width (32)")
+    p.add_argument("--small-count", type=int, help="(c): the small tensors (default gpu.py's 200)")
     p.add_argument("--large-mib", type=int, help="(c): the large tensor (default gpu.py's 64)")
     p.add_argument("--collective-timeout", type=int, default=120,
                    help="torch.distributed's timeout in the jobs, s")
@@ -735,6 +777,7 @@ def main():
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tasks", help=argparse.SUPPRESS)
+    p.add_argument("--dump-after", type=int, help=argparse.SUPPRESS)
     p.add_argument("--store", help=argparse.SUPPRESS)
     p.add_argument("--idx", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -791,6 +834,9 @@ def main():
                      | set(NO_PYSPARK.attempts))
     print("\npyspark imports refused (the GPU machine has none): "
           + (", ".join(refused) if refused else "none"))
+    loaded = [t for t, r in results.items() if r.get("pyspark_loaded")]
+    if loaded:  # then the refusal above did not hold, and the run proves nothing about it
+        problems.append(f"pyspark was loaded in the workers of {', '.join(loaded)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": args.device, "results": results, "failures": problems,

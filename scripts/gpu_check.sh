@@ -2,6 +2,7 @@
 # GPU check of spark_dl in one command, on the GPU machine itself (docs/gpu.md):
 #
 #     bash scripts/gpu_check.sh                # build, tests/gpu, C++ tests, benchmarks/gpu.py
+#                                              # and benchmarks/gpu_train.py
 #     bash scripts/gpu_check.sh --skip build   # again on the same machine: reuse that build
 #     bash scripts/gpu_check.sh --fetch-deps   # on a networked machine: put what the GPU
 #                                              # machine may lack into .gpudeps/ (git-ignored;
@@ -21,8 +22,8 @@
 # Spark/Keras/Lightning stack (Java, pyspark, ...); the test log lists every skip.
 #
 # Options: --skip STAGE[,STAGE...] with stages build, tests, cpp, bench (build: reuse the
-# virtualenv and build of an earlier run on this machine). Each stage has a time limit;
-# with a build of a few minutes they add up to under 10 minutes.
+# virtualenv and build of an earlier run on this machine; bench: both benchmarks). Each
+# stage has a time limit; with a build of a few minutes they add up to under 10 minutes.
 # Settings (environment): PYTHON (default python3), SDL_GPU_CHECK_OUT (logs; default
 # build/gpu-check), SDL_CMAKE_ARGS (extra CMake arguments), SDL_GPU_CHECK_TESTS (pytest
 # selection; default tests/gpu tests/unit/test_gpu_*.py test_cxx_runtime.py), SDL_GPU_CHECK_TESTS_TIMEOUT (the
@@ -30,7 +31,8 @@
 # report lists what ran), SDL_GPU_CHECK_ALLOW_NO_NCCL=1 (a
 # build or machine without NCCL passes: host staging only), SDL_GPU_PYTHON (--fetch-deps:
 # the GPU machine's Python version, default 3.12), SDL_CUDA_ARCH (e.g. 90; default: this
-# GPU's compute capability).
+# GPU's compute capability), SDL_GPU_CHECK_BUDGET (seconds the whole check aims at, default
+# 480: benchmarks/gpu_train.py gets what is left of it, at least 60 s and at most 150 s).
 # The C++ unit tests (native/tests: hierarchical allreduce, pinned staging pool, backend
 # choice with fakes) run when the build found googletest.
 # Exit status: 0 when every stage run passed; 1 otherwise; 2 when something the check
@@ -323,12 +325,31 @@ else
     RESULT[benchmark]=$([[ $rc -eq 0 && $rc2 -eq 0 ]] && echo ok || \
         echo "FAILED (exit $rc, hierarchical exit $rc2)")
     stage_time benchmark
+
+    # Training on the GPU: the estimators' worker loop on CUDA against the CPU (torch,
+    # Lightning), a DistributedOptimizer step against DDP on NCCL, two ranks sharing the GPU
+    # against gloo. Its limit is what is left of the check's budget (60 to 150 s); its own
+    # --timeout ends it 15 s earlier, so it still reports the parts it finished.
+    STAGE_START=$SECONDS
+    limit=$(( ${SDL_GPU_CHECK_BUDGET:-480} - (SECONDS - STARTED) ))
+    limit=$(( limit < 60 ? 60 : limit > 150 ? 150 : limit ))
+    say "benchmarks/gpu_train.py, ${limit} s at most (log: $OUTDIR/bench_train.log)"
+    timeout --kill-after=10 "$limit" "$VPY" benchmarks/gpu_train.py --rounds 2 --iters 30 \
+        --timeout $((limit - 15)) --json "$OUTDIR/bench_train.json" 2>&1 \
+        | tee "$OUTDIR/bench_train.log"
+    rc=${PIPESTATUS[0]}
+    if [[ $rc -eq 0 ]]; then RESULT[gpu_train]=ok
+    elif [[ $rc -eq 3 ]]; then RESULT[gpu_train]="FAILED (a peer NOT MEASURED)"
+    elif [[ $rc -eq 124 || $rc -eq 137 ]]; then RESULT[gpu_train]="FAILED (passed ${limit} s)"
+    else RESULT[gpu_train]="FAILED (exit $rc)"
+    fi
+    stage_time gpu_train
 fi
 
 # ----------------------------------------------------------------------------- summary
 say "summary"
 status=0
-for step in cuda build nccl tests skips cpp_tests benchmark; do
+for step in cuda build nccl tests skips cpp_tests benchmark gpu_train; do
     [[ -n "${RESULT[$step]:-}" ]] || continue
     printf '  %-10s %s\n' "$step" "${RESULT[$step]}"
     case "${RESULT[$step]}" in
@@ -337,6 +358,10 @@ for step in cuda build nccl tests skips cpp_tests benchmark; do
     esac
 done
 echo "  time       $((SECONDS - STARTED)) s"
+# gpu_train's ratios and checks (its tables are in bench_train.log).
+TRAIN_LINES="faster than cpu|loss cuda|x (ddp|gloo)|staged allreduce|pyspark imp|^NOT MEAS|^FAILED"
+[[ -n "${RESULT[gpu_train]:-}" ]] && { grep -E "$TRAIN_LINES" "$OUTDIR/bench_train.log" \
+    | sed 's/^/  gpu_train: /' || true; }
 [[ -f "$OUTDIR/tests.log" ]] && { grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUTDIR/tests.log" | tail -n 40 || true; }
 echo "logs: $OUTDIR"
 exit $status
