@@ -335,7 +335,9 @@ class Standalone:
         if left:
             for host in hosts:
                 host.kill_all()
-            raise AssertionError(f"processes left after the cluster stopped: {left}")
+            raise AssertionError(f"processes left after the cluster stopped: {left} (logs: "
+                                 f"{self.tmp})")
+        shutil.rmtree(self.tmp, ignore_errors=True)  # kept (with the logs) on failures
 
 
 # ---------------------------------------------------------------------------- the driver
