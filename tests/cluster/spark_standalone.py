@@ -383,8 +383,6 @@ def _serve(config: dict) -> None:
         answer("error", None, "".join(traceback.format_exception(type(exc), exc,
                                                                  exc.__traceback__)))
         return
-    import cloudpickle  # noqa: F401  (the calls' functions come pickled by value)
-
     try:
         while True:
             head = requests.read(8)

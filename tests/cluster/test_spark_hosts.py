@@ -11,7 +11,6 @@ fit across the two hosts must equal the same fit (same ranks, data, partitioning
 a Store on the shared filesystem) run on the client host alone.
 """
 
-import os
 import sys
 
 import cloudpickle

@@ -342,6 +342,42 @@ def test_root_cause_wins_over_its_consequences():
         driver.stop()
 
 
+def test_silent_task_is_named_unreachable(monkeypatch):
+    """A task whose connection stays open but pings no more (its host cut off) fails
+    the job, naming its rank and host; a task that keeps pinging does not."""
+    from spark_dl.spark.launch.driver import service as driver_service
+
+    monkeypatch.setattr(driver_service, "TASK_SILENT_S", 0.6)
+    driver = DriverService(SECRET, 2, b"", ["127.0.0.1"], lambda s, d: None)
+    driver.start()
+    try:
+        with ServiceClient("driver", SECRET, driver.server.endpoints) as alive, \
+                ServiceClient("driver", SECRET, driver.server.endpoints) as silent:
+            for index, client in enumerate((alive, silent)):
+                client.call("register", index=index, host_hash=f"h{index}",
+                            hostname=f"host{index}", endpoints=[], gpus=[], pid=1)
+            driver.set_ranks({0: 0, 1: 1})
+            stop = threading.Event()
+
+            def ping():
+                while not stop.wait(0.1):
+                    alive.call("ping", index=0)
+
+            pinger = threading.Thread(target=ping, daemon=True)
+            pinger.start()
+            start = time.monotonic()
+            try:
+                failures = driver.wait_for_outcome(lambda: None, consequence_settle_s=0.2)
+            finally:
+                stop.set()
+                pinger.join(5)
+        assert time.monotonic() - start < 5
+        assert [f.rank for f in failures] == [1]
+        assert "rank 1 on host1 is unreachable" in failures[0].summary
+    finally:
+        driver.stop()
+
+
 def test_launcher_selection(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # no mpirun
     with pytest.raises(MpiNotBuiltError, match="needs Open MPI's mpirun"):

@@ -63,6 +63,12 @@ _CANCEL_WAIT_S = 10.0
 # 2 s by default), then for the workers, which kill themselves when it does.
 _TASK0_GONE_WAIT_S = 8.0
 _WORKER_END_S = 0.3
+# After task 0 told the caller its verdict (a failure), how long the Spark job may take to
+# end by itself: task 0 stops the workers (at most the kill grace plus 4 s) and gives the
+# other tasks 5 s. A task on a host cut off from the network never ends, and Spark
+# notices its executor only after spark.network.timeout (120 s): the caller then cancels
+# the job and raises the verdict.
+_VERDICT_END_WAIT_S = 20.0
 # Spark Connect's default bound on one request (spark.connect.grpc.maxInboundMessageSize):
 # the job's plan carries the pickled function.
 _CONNECT_MAX_MESSAGE = 128 << 20
@@ -357,10 +363,22 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
     start = time.monotonic()
     # The job's tasks take a while to start in Spark after task 0 is scheduled.
     grace = 60.0
+    reports = [r for r in (link.reports if link else None,
+                           follower.reports if follower else None) if r is not None]
+    verdict_at = None
     try:
         while not job.join(0.25):
             if follower is not None:
                 follower.poll()
+            if verdict_at is None and any(r.outcome is not None for r in reports):
+                verdict_at = time.monotonic()
+            if verdict_at is not None and time.monotonic() - verdict_at > _VERDICT_END_WAIT_S:
+                job.cancel()
+                job.join(_CANCEL_WAIT_S)
+                if job.rows is None:
+                    raise _job_failure(job.error or RuntimeError("cancelled"), reports,
+                                       job_id) from None
+                break
             started = (link is not None and link.contacted.is_set()) or (
                 follower is not None and follower.started)
             if start_timeout is not None and not started and \
@@ -385,8 +403,6 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
             # it) are gone too when run raises.
             if link.task0_gone.wait(_TASK0_GONE_WAIT_S):
                 time.sleep(_WORKER_END_S)
-        reports = [r for r in (link.reports if link else None,
-                               follower.reports if follower else None) if r is not None]
         raise _job_failure(job.error, reports, job_id) from None
     return rows.decode(job.rows or [])
 

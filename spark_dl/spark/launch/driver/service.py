@@ -6,10 +6,12 @@ It runs in the Spark driver for the duration of one :func:`spark_dl.spark.run`. 
 ================  =====================================================================
 ``register``      a task service announces itself: index, host hash, endpoints, GPUs
 ``task_failed``   a task's own code failed (before or while hosting its worker)
-``ping``          a task service asks whether to keep going (``{"stop": bool}``); the
-                  connection it pings on is the task's: if it closes before the task's
-                  rank reported its end, that rank is reported lost (executor lost, task
-                  killed) after :data:`TASK_LOST_S`
+``ping``          a task service asks whether to keep going (``{"stop": bool}``), every
+                  second; the connection it pings on is the task's: if it closes before
+                  the task's rank reported its end, that rank is reported lost (executor
+                  lost, task killed) after :data:`TASK_LOST_S`; if it stays open but
+                  silent for :data:`TASK_SILENT_S`, the rank is reported unreachable
+                  (its host cut off: no connection closes then)
 ``code``          a worker fetches the pickled ``(fn, args, kwargs)``, which pickler made
                   it, and the variables to set in-process before running it (MPI path)
 ``result``        a worker posts its pickled return value
@@ -57,6 +59,12 @@ CONSEQUENCE_SETTLE_S = 6.0
 # rank's exit being reported, and is not replaced by a new ping within this long, means
 # the task is gone (its executor was lost or Spark killed it): that rank is the cause.
 TASK_LOST_S = 2.0
+# A launched task that has not pinged (every second) for this long is cut off from task 0
+# (its host's network is down, or it is stalled): its rank fails the job as lost. Below
+# the core's default SDL_TIMEOUT (30 s), after which its peers would fail with
+# PeerFailureError, naming no host; above any pause of a task's ping thread seen on a
+# loaded 2-core machine (a few seconds).
+TASK_SILENT_S = 15.0
 REQUEST_LIMITS = {"result": 1 << 31, "error": 256 << 20, "output": 64 << 20,
                   "task_failed": 16 << 20, "register": 1 << 20}
 
@@ -157,6 +165,7 @@ class DriverService:
         self._stopping = False
         self._ended = False  # the launcher reported that every rank's process ended
         self._lost: Dict[int, float] = {}  # task index -> when its connection closed
+        self._heard: Dict[int, float] = {}  # task index -> its last registration or ping
         self._fetched: set = set()  # ranks that fetched the function
         self._tasks_ended: set = set()  # task indexes that said they end
         # When each stage of the job was complete on every task or rank (monotonic
@@ -201,6 +210,7 @@ class DriverService:
                                       "executor of this job failed; see the executor logs)"))
                 return {"accepted": False}
             self._registrations[index] = reg  # a retry before launch replaces the first
+            self._heard[index] = time.monotonic()
             if len(self._registrations) == self.num_proc:
                 self._times.setdefault("registered", time.monotonic())
             self._cond.notify_all()
@@ -220,6 +230,7 @@ class DriverService:
         self.server.tag("task", index)
         with self._cond:
             self._lost.pop(index, None)  # (re)connected: not lost
+            self._heard[index] = time.monotonic()
             return {"stop": self._stopping or self._ended}
 
     def _task_end(self, index: int) -> None:
@@ -258,6 +269,20 @@ class DriverService:
                                   "disappeared without reporting the worker's end (its "
                                   "executor was lost or the task was killed; see the Spark "
                                   "executor logs)", rank=rank, lost=True))
+        if self._rank_of is None or self._stopping or self._ended:
+            return
+        for index, rank in sorted(self._rank_of.items(), key=lambda item: item[1]):
+            silent = now - self._heard.get(index, now)
+            if silent < TASK_SILENT_S or rank in self._exits or rank in self._results or \
+                    rank in self._errors or index in self._tasks_ended:
+                continue
+            reg = self._registrations.get(index)
+            where = f" on {reg.hostname}" if reg else ""
+            self._exits[rank] = -1
+            self._fail(Failure(1, f"rank {rank}{where} is unreachable: its Spark task "
+                                  f"{index} has not been heard from for {silent:.0f} s (its "
+                                  "host is cut off from task 0's, or stalled)", rank=rank,
+                               lost=True))
 
     def _get_code(self, rank: int) -> dict:
         self._check_rank(rank)
