@@ -475,6 +475,7 @@ def _step_worker(args, _=None):
         for _ in range(args.warmup):
             step(peer)
     times = {p: [] for p in STEP_PEERS}
+    before = _backend_counts()
     for it in range(args.iters):
         for peer in STEP_PEERS[it % 3:] + STEP_PEERS[:it % 3]:
             use(peer)
@@ -486,6 +487,13 @@ def _step_worker(args, _=None):
             _sync(device)
             times[peer].append(time.perf_counter() - start)
     set_knob("cycle_time_ms", default_cycle)
+    # Which of the core's backends reduced spark_dl's gradients (only its steps use the core).
+    after = _backend_counts()
+    backends = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    if device.type == "cuda" and args.iters and not any(
+            k in backends for k in ("backend.nccl", "backend.host_staged")):
+        raise AssertionError(f"spark_dl's steps on CUDA ran no allreduce on a CUDA backend: "
+                             f"{backends}")
     for peer in ("spark_dl", "ddp"):  # replicas must have stayed identical
         flat = params(peer)
         every = [torch.empty_like(flat) for _ in range(size)]
@@ -499,7 +507,7 @@ def _step_worker(args, _=None):
     if rank != 0:
         return None
     return {"size": size, "device": str(device), "backend": backend,
-            "parameters": n_params, "one_step_max_diff": diff,
+            "parameters": n_params, "one_step_max_diff": diff, "spark_dl_backends": backends,
             "step_s": {p: _percentiles(t) for p, t in times.items()},
             "pyspark_imports_refused": list(NO_PYSPARK.attempts)}
 
@@ -513,6 +521,12 @@ def _shared_tensors(args, workload, device, rank, gb):
         return [torch.full((gb.SMALL_ELEMS,), float(rank + 1 + i % 7), device=device)
                 for i in range(args.small_count or gb.SMALL_COUNT)]
     return [torch.full((_large_elems(args, gb),), float(rank + 1), device=device)]
+
+
+def _backend_counts():
+    from spark_dl.common.basics import counters
+
+    return {k: v for k, v in counters().items() if k.startswith(("backend.", "nccl."))}
 
 
 def _staging_counts():
@@ -727,6 +741,8 @@ def _report_step(r):
     print(f"\nspark_dl {d / s:.2f}x ddp (time ratio ddp/spark_dl; >= 1.0: spark_dl at least as "
           f"fast); spark_dl {l_ / s:.2f}x local (the no-communication ceiling); one-step "
           f"parameter difference spark_dl vs ddp: {r['one_step_max_diff']:.2e}")
+    print("spark_dl's responses by backend in the timed steps: " + (", ".join(
+        f"{k} {v}" for k, v in sorted(r["spark_dl_backends"].items())) or "none"))
 
 
 def _report_shared(r):

@@ -359,7 +359,7 @@ for step in cuda build nccl tests skips cpp_tests benchmark gpu_train; do
 done
 echo "  time       $((SECONDS - STARTED)) s"
 # gpu_train's ratios and checks (its tables are in bench_train.log).
-TRAIN_LINES="faster than cpu|loss cuda|x (ddp|gloo)|staged allreduce|pyspark imp|^NOT MEAS|^FAILED"
+TRAIN_LINES="faster than cpu|loss cuda|x (ddp|gloo)|by backend|staged allreduce|pyspark imp|^NOT MEAS|^FAILED"
 [[ -n "${RESULT[gpu_train]:-}" ]] && { grep -E "$TRAIN_LINES" "$OUTDIR/bench_train.log" \
     | sed 's/^/  gpu_train: /' || true; }
 [[ -f "$OUTDIR/tests.log" ]] && { grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUTDIR/tests.log" | tail -n 40 || true; }

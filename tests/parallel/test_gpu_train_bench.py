@@ -12,7 +12,7 @@ import pytest
 
 from harness import REPO
 
-# 40-60 s on the shared 2-core development machine (two ranks; mostly imports); the script bounds
+# 25-60 s on the shared 2-core development machine (two ranks; mostly imports); the script bounds
 # itself (--timeout) with room for a loaded machine, and the test's limit leaves it time to
 # report.
 pytestmark = pytest.mark.timeout(150)
