@@ -607,8 +607,8 @@ def worker(args):
     """Runs the job's tasks in order; rank 0 prints each one's result as it is done (a task
     that fails ends the job, and the driver runs the rest in a new one)."""
     _refuse_pyspark()
-    if args.dump_after:  # a job about to be killed shows where every thread waits
-        faulthandler.dump_traceback_later(args.dump_after, exit=False)
+    if args.dump_at:  # a job about to be killed shows where every thread waits
+        faulthandler.dump_traceback_later(max(1.0, args.dump_at - time.time()), exit=False)
     import spark_dl.numpy as sdl
 
     sdl.init()
@@ -640,15 +640,19 @@ def _run_job(cmd, env, deadline):
     left = deadline - time.monotonic()
     if left < 5:
         return {}, "no time left (--timeout)"
-    cmd = cmd + ["--dump-after", str(max(1, int(left) - 3))]
+    cmd = cmd + ["--dump-at", f"{time.time() + left - 3:.0f}"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     why = None
     try:
         out, err = proc.communicate(timeout=left)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+        proc.terminate()  # sdlrun stops its workers (SIGTERM, SIGKILL after a grace period)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its workers' watchdog then ends them
+            out, err = proc.communicate()
         why = "timed out (--timeout)"
     got = {}
     for line in out.splitlines():
@@ -658,7 +662,7 @@ def _run_job(cmd, env, deadline):
     if why is None and proc.returncode != 0:
         why = f"the job failed (exit {proc.returncode}; its output is above)"
     if why is not None:
-        sys.stderr.write(out[-6000:] + err[-6000:])
+        sys.stderr.write(out[-6000:] + err[-20000:])
     return got, why
 
 
@@ -793,7 +797,7 @@ def main():
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tasks", help=argparse.SUPPRESS)
-    p.add_argument("--dump-after", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--dump-at", type=float, help=argparse.SUPPRESS)
     p.add_argument("--store", help=argparse.SUPPRESS)
     p.add_argument("--idx", help=argparse.SUPPRESS)
     args = p.parse_args()
