@@ -85,91 +85,123 @@ def load_netns():
 
 # ----------------------------------------------------------------------------- worker side
 
-class Peer:
-    """One rank's collectives: in-place sum-allreduce of a buffer, an async step, a barrier."""
+class _Peer:
+    """One rank of a peer: in-place sum-allreduce of ``buf``, a step over ``grads``, a
+    barrier; the subclasses hold each framework's calls."""
 
     def __init__(self, peer, size_bytes, tensors, elements):
+        self.peer, self.info = peer, {}
+        self.names = [f"grad.{i}" for i in range(tensors)]
+        self.buf = self.empty(size_bytes // 4)
+        self.grads = [self.empty(elements) for _ in range(tensors)]
+
+    def fill(self, buf, value):
+        buf.fill(value)
+
+    def equal(self, buf, value):
+        return bool((buf == value).all())
+
+
+class _MpiPeer(_Peer):
+    def __init__(self, *args):
+        from mpi4py import MPI
+
+        self.MPI, self.comm = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        super().__init__(*args)
+        self.info["version"] = MPI.Get_library_version().split(",")[0].strip()
+
+    def empty(self, n):
         import numpy as np
 
-        self.peer = peer
-        self.info = {}
-        if peer == "mpi":
-            from mpi4py import MPI
-
-            self.MPI, self.comm = MPI, MPI.COMM_WORLD
-            self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-            self.info["version"] = MPI.Get_library_version().split(",")[0].strip()
-            self.buf = np.empty(size_bytes // 4, dtype=np.float32)
-            self.grads = [np.empty(elements, dtype=np.float32) for _ in range(tensors)]
-            self.fill = lambda arr, v: arr.fill(v)
-            self.equal = lambda arr, v: bool((arr == v).all())
-        else:
-            import torch
-
-            self.buf = torch.empty(size_bytes // 4, dtype=torch.float32)
-            self.grads = [torch.empty(elements, dtype=torch.float32) for _ in range(tensors)]
-            self.fill = lambda t, v: t.fill_(v)
-            self.equal = lambda t, v: bool((t == v).all())
-            if peer in SPARK_DL:
-                import spark_dl.numpy as sdl_np
-                import spark_dl.torch as hvd
-
-                hvd.init()
-                self.hvd = hvd
-                self.rank, self.size = hvd.rank(), hvd.size()
-                self.info["transport"] = sdl_np.transport()
-            else:
-                import datetime
-
-                import torch.distributed as dist
-
-                dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-                self.dist = dist
-                self.rank, self.size = dist.get_rank(), dist.get_world_size()
-                self.info["version"] = "torch " + torch.__version__
-        self.names = [f"grad.{i}" for i in range(tensors)]
+        return np.empty(n, dtype=np.float32)
 
     def allreduce(self):
-        if self.peer == "mpi":
-            self.comm.Allreduce(self.MPI.IN_PLACE, self.buf, op=self.MPI.SUM)
-        elif self.peer in SPARK_DL:
-            self.hvd.allreduce_(self.buf, op=self.hvd.Sum, name="big")
-        else:
-            self.dist.all_reduce(self.buf, op=self.dist.ReduceOp.SUM)
+        self.comm.Allreduce(self.MPI.IN_PLACE, self.buf, op=self.MPI.SUM)
+
+    def step(self):
+        MPI = self.MPI
+        MPI.Request.Waitall([self.comm.Iallreduce(MPI.IN_PLACE, g, op=MPI.SUM)
+                             for g in self.grads])
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def close(self):
+        self.MPI.Finalize()
+
+
+class _TorchTensors(_Peer):
+    def empty(self, n):
+        import torch
+
+        return torch.empty(n, dtype=torch.float32)
+
+    def fill(self, buf, value):
+        buf.fill_(value)
+
+
+class _SparkDlPeer(_TorchTensors):
+    """spark_dl.torch, Horovod's API; SDL_HIERARCHICAL in the environment picks the path."""
+
+    def __init__(self, *args):
+        import spark_dl.numpy as sdl_np
+        import spark_dl.torch as hvd
+
+        hvd.init()
+        self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()
+        super().__init__(*args)
+        self.info["transport"] = sdl_np.transport()
+
+    def allreduce(self):
+        self.hvd.allreduce_(self.buf, op=self.hvd.Sum, name="big")
 
     def step(self):
         """Horovod's pattern: start every tensor's allreduce, then wait for all of them."""
-        if self.peer == "mpi":
-            MPI = self.MPI
-            reqs = [self.comm.Iallreduce(MPI.IN_PLACE, g, op=MPI.SUM) for g in self.grads]
-            MPI.Request.Waitall(reqs)
-        elif self.peer in SPARK_DL:
-            hvd = self.hvd
-            handles = [hvd.allreduce_async_(g, name=n, op=hvd.Sum)
-                       for g, n in zip(self.grads, self.names)]
-            for h in handles:
-                hvd.synchronize(h)
-        else:
-            dist = self.dist
-            works = [dist.all_reduce(g, op=dist.ReduceOp.SUM, async_op=True) for g in self.grads]
-            for w in works:
-                w.wait()
+        hvd = self.hvd
+        handles = [hvd.allreduce_async_(g, name=n, op=hvd.Sum)
+                   for g, n in zip(self.grads, self.names)]
+        for h in handles:
+            hvd.synchronize(h)
 
     def barrier(self):
-        if self.peer == "mpi":
-            self.comm.Barrier()
-        elif self.peer in SPARK_DL:
-            self.hvd.barrier()
-        else:
-            self.dist.barrier()
+        self.hvd.barrier()
 
     def close(self):
-        if self.peer == "mpi":
-            self.MPI.Finalize()
-        elif self.peer in SPARK_DL:
-            self.hvd.shutdown()
-        elif self.peer == "torch":
-            self.dist.destroy_process_group()
+        self.hvd.shutdown()
+
+
+class _TorchPeer(_TorchTensors):
+    def __init__(self, *args):
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        self.dist, self.rank, self.size = dist, dist.get_rank(), dist.get_world_size()
+        super().__init__(*args)
+        self.info["version"] = "torch " + torch.__version__
+
+    def allreduce(self):
+        self.dist.all_reduce(self.buf, op=self.dist.ReduceOp.SUM)
+
+    def step(self):
+        dist = self.dist
+        works = [dist.all_reduce(g, op=dist.ReduceOp.SUM, async_op=True) for g in self.grads]
+        for w in works:
+            w.wait()
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+def make_peer(peer, size_bytes, tensors, elements):
+    cls = {"mpi": _MpiPeer, "torch": _TorchPeer}.get(peer, _SparkDlPeer)
+    return cls(peer, size_bytes, tensors, elements)
 
 
 def _timed(peer, call, bufs, iters, warmup, what):
@@ -193,7 +225,7 @@ def _timed(peer, call, bufs, iters, warmup, what):
 
 
 def worker(args):
-    peer = Peer(args.worker, args.size, args.tensors, args.elements)
+    peer = make_peer(args.worker, args.size, args.tensors, args.elements)
     # Start-up: from the driver's launch (MULTIHOST_LAUNCHED, wall clock) to this rank's init done.
     out = dict(peer.info, size=peer.size,
                startup_s=time.time() - float(os.environ.get("MULTIHOST_LAUNCHED", time.time())))
@@ -290,7 +322,7 @@ def run_store_job(cluster, hosts, per_host, peer, wargs, timeout, workdir):
     else:
         env_common.update(MASTER_ADDR=hosts[0].address,
                           MASTER_PORT=20000 + secrets.randbelow(30000),
-                          WORLD_SIZE=n, GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS=1)
+                          WORLD_SIZE=n, GLOO_SOCKET_IFNAME="eth0")
     procs, logs = [], []
     try:
         for h, host in enumerate(hosts):
@@ -578,7 +610,10 @@ def main():
         args.iters, args.steps, args.warmup = min(args.iters, 3), min(args.steps, 3), 0
     netns = load_netns()
     for rate in args.rates:
-        netns._rate_bits(rate)  # a bad unit fails here, before any host is made
+        try:
+            netns._rate_bits(rate)  # a bad unit fails here, before any host is made
+        except ValueError as e:
+            parser.error(str(e))
     reason = netns.unavailable()
     if reason:
         print(f"multihost.py: cannot make namespace hosts: {reason}", file=sys.stderr)
