@@ -183,9 +183,10 @@ class Standalone:
     """A Spark standalone cluster: master on ``master``, one Worker per ``workers`` host.
 
     Args:
-        cluster: the :class:`netns.Cluster` (its hosts, its temporary directory's parent).
-        master: the host running the master.
+        master: the :class:`netns.Host` running the master (port 7077, UI 8080).
         workers: the hosts running a Worker each (``cores`` cores, ``memory`` each).
+        tmp: where the logs, work dirs and Spark's conf go (default: a fresh temporary
+            folder, removed by a clean :meth:`stop`).
     """
 
     def __init__(self, master, workers: Sequence, cores: int = 2, memory: str = "1g",
@@ -270,7 +271,7 @@ class Standalone:
             if len(alive) >= count:
                 return alive
             for key, proc in self.procs.items():
-                if proc.poll() is not None and key != "driver":
+                if proc.poll() is not None:
                     raise RuntimeError(f"{key} exited with {proc.returncode}:\n{self.log(key)}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(alive)} of {count} workers registered within "
