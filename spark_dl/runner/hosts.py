@@ -119,13 +119,14 @@ def parse_hostfile(path: str) -> List[HostSlots]:
     return hosts
 
 
-def _can_bind(address: str) -> bool:
+def is_own_address(address: str) -> bool:
+    """True when ``address`` belongs to this machine (a socket can bind it)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_DGRAM) as sock:
             sock.bind((address, 0))
         return True
-    except OSError:
+    except (OSError, UnicodeError):
         return False
 
 
@@ -151,7 +152,7 @@ def is_local_host(hostname: str) -> bool:
         return False
     for info in infos:
         address = info[4][0]
-        if ipaddress.ip_address(address.split("%")[0]).is_loopback or _can_bind(address):
+        if ipaddress.ip_address(address.split("%")[0]).is_loopback or is_own_address(address):
             return True
     return False
 

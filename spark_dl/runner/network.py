@@ -37,6 +37,8 @@ import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from spark_dl.runner.hosts import is_own_address
+
 __all__ = ["JobNetwork", "Interface", "interfaces", "choose_network", "pick_address",
            "route_address", "mpi_interface_args"]
 
@@ -93,16 +95,6 @@ def route_address(remote_host: str) -> Optional[str]:
             return sock.getsockname()[0]
     except OSError:
         return None
-
-
-def _is_own_address(address: str) -> bool:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.bind((address, 0))
-        return True
-    except (OSError, UnicodeError):
-        return False
 
 
 @dataclass(frozen=True)
@@ -174,7 +166,7 @@ def choose_network(remote_hosts: Sequence[str], nic: Optional[str] = None,
                           str(iface.network), explicit=True,
                           reason=f"--network-interface {nic}")
     if rendezvous_addr:
-        if _is_own_address(rendezvous_addr):
+        if is_own_address(rendezvous_addr):
             bind = rendezvous_addr
         else:
             bind = route_address(remote_hosts[0])

@@ -64,7 +64,7 @@ def test_no_route_is_an_error(here, monkeypatch):
 
 
 def test_rendezvous_addr_keeps_host_names(here, monkeypatch):
-    monkeypatch.setattr(network, "_is_own_address", lambda a: a == "127.0.0.1")
+    monkeypatch.setattr(network, "is_own_address", lambda a: a == "127.0.0.1")
     monkeypatch.setattr(network, "route_address", lambda host: "10.1.0.10")
     net = network.choose_network(["b"], rendezvous_addr="127.0.0.1")
     assert (net.address, net.rendezvous_addr, net.payload()) == ("127.0.0.1", "127.0.0.1",
