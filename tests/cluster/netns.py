@@ -184,6 +184,13 @@ def sweep() -> None:
         _ip("netns", "delete", name, check=False)
     for name in [n for n in _links() if not _owned_elsewhere(n)]:
         _ip("link", "delete", name, check=False)
+    for name in os.listdir(tempfile.gettempdir()):  # owner files of processes gone
+        if name.startswith(PREFIX) and name.endswith(".owner") and \
+                not _owned_elsewhere(name[:len(PREFIX) + 4]):
+            try:
+                os.unlink(os.path.join(tempfile.gettempdir(), name))
+            except OSError:
+                pass
 
 
 def _free_subnets(count: int) -> List[ipaddress.IPv4Network]:
