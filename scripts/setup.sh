@@ -6,8 +6,9 @@
 # (constraints.txt), and the native extension (an editable install: scikit-build-core runs CMake).
 # Safe to run again: it installs only what is missing and rebuilds incrementally. When
 # nothing it installs from has changed since its last success (this script, pyproject.toml,
-# setup.cfg, constraints.txt, every file under native/: a hash kept in .venv) and the
-# installed package still imports, it checks that and stops within seconds.
+# setup.cfg, constraints.txt, the knob table the core is built from, every file under
+# native/: a hash kept in .venv) and the installed package still imports, it checks that
+# and stops within seconds.
 # SETUP_FORCE=1 runs every step anyway; `setup.sh --check` only says whether there is
 # anything to do (exit 0: nothing, 3: something), changing nothing.
 set -euo pipefail
@@ -37,7 +38,7 @@ fi
 
 STAMP=.venv/.spark_dl_setup_stamp
 inputs_hash() {
-  { sha256sum scripts/setup.sh pyproject.toml setup.cfg constraints.txt
+  { sha256sum scripts/setup.sh pyproject.toml setup.cfg constraints.txt spark_dl/config/knobs.json
     find native -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
   } 2>/dev/null | sha256sum | cut -d' ' -f1
 }
