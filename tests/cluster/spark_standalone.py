@@ -23,6 +23,7 @@ groups, SIGKILL after a grace) and checks that no process is left on any host.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -339,6 +340,24 @@ class Standalone:
             raise AssertionError(f"processes left after the cluster stopped: {left} (logs: "
                                  f"{self.tmp})")
         shutil.rmtree(self.tmp, ignore_errors=True)  # kept (with the logs) on failures
+
+
+@contextlib.contextmanager
+def client_and_two_workers(netns, timeout: float = 240.0):
+    """Hosts client, host0 and host1; the master and one driver (``cluster.app``) on the
+    client, a Worker on each of the others. Yields ``(hosts, cluster)``; at exit the links
+    are up again, everything stopped and checked gone (:meth:`Standalone.stop`)."""
+    with netns.Cluster(3, names=["client", "host0", "host1"]) as hosts:
+        client, h0, h1 = hosts.hosts
+        cluster = Standalone(client, [h0, h1])
+        try:
+            cluster.start(timeout=timeout)
+            cluster.app = cluster.driver(client, timeout=timeout)
+            yield hosts, cluster
+        finally:
+            for host in hosts.hosts:
+                host.link(up=True)
+            cluster.stop(hosts=hosts.hosts)
 
 
 # ---------------------------------------------------------------------------- the driver

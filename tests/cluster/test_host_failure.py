@@ -23,7 +23,7 @@ import cloudpickle
 import pytest
 
 import netns
-from spark_standalone import Standalone
+from spark_standalone import client_and_two_workers
 
 pytest.importorskip("pyspark")
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the driver cannot import it
@@ -38,23 +38,19 @@ LINK_BOUND_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def hosts():
-    with netns.Cluster(3, names=["client", "host0", "host1"]) as cluster:
-        yield cluster
+def setup():
+    with client_and_two_workers(netns) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
-def standalone(hosts):
-    client, h0, h1 = hosts.hosts
-    cluster = Standalone(client, [h0, h1])
-    try:
-        cluster.start(timeout=240)
-        cluster.app = cluster.driver(client, timeout=240)
-        yield cluster
-    finally:
-        for host in hosts.hosts:
-            host.link(up=True)
-        cluster.stop(hosts=hosts.hosts)
+def hosts(setup):
+    return setup[0]
+
+
+@pytest.fixture(scope="module")
+def standalone(setup):
+    return setup[1]
 
 
 # --------------------------------------------------------------------------- helpers
