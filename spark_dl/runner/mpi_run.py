@@ -197,10 +197,7 @@ def mpirun_command(mpirun: str, command: Sequence[str], slots: Sequence[SlotInfo
         if not given.intersection(flags):
             argv += default
     if interfaces:
-        network_args = mpi_interface_args(interfaces)
-        for i in range(0, len(network_args), 3):
-            if network_args[i + 1] not in extra:
-                argv += network_args[i:i + 3]
+        argv += mpi_interface_args(interfaces, given=extra)
     rsh_args = []
     if options.ssh_port is not None:
         rsh_args += ["-p", str(options.ssh_port)]

@@ -225,12 +225,14 @@ def pick_address(network: Dict[str, object], rendezvous_addr: str,
     return routed, f"the route to {rendezvous_addr} (no address in {subnet})"
 
 
-def mpi_interface_args(interfaces_value: str) -> List[str]:
-    """``--mca`` arguments restricting Open MPI's out-of-band and TCP transports to
+def mpi_interface_args(interfaces_value: str, given: Sequence[str] = ()) -> List[str]:
+    """``--mca`` arguments restricting Open MPI's TCP and out-of-band transports to
     ``interfaces_value`` (interface names or CIDR subnets, comma-separated; the same value
-    on every host). Open MPI then connects only over them; its 4.1 listeners still bind
-    every interface (see docs/security.md)."""
+    on every host), each unless the user's own arguments ``given`` set it. Open MPI then
+    connects only over them; its 4.1 listeners still bind every interface (see
+    docs/security.md)."""
     args: List[str] = []
-    for param in ("oob_tcp_if_include", "btl_tcp_if_include"):
-        args += ["--mca", param, interfaces_value]
+    for param in ("btl_tcp_if_include", "oob_tcp_if_include"):
+        if param not in given:
+            args += ["--mca", param, interfaces_value]
     return args

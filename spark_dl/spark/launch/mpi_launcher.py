@@ -46,6 +46,7 @@ from spark_dl.rendezvous.secret import secret_to_hex
 from spark_dl.runner.mpi_run import (OPEN_MPI_TAG, explain_failure, failed_rank,
                                      find_mpirun, mpi_environment, mpirun_command, owner_of,
                                      split_args)
+from spark_dl.runner.network import mpi_interface_args
 from spark_dl.runner.options import LaunchError, LaunchOptions
 from spark_dl.runner.output import TagDemux
 from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
@@ -140,9 +141,7 @@ def spark_mpi_args(extra_mpi_args, nics: Optional[Sequence[str]] = None,
     interfaces = ",".join(nics) if nics else (
         job_interfaces(addresses, networks) if addresses else "")
     if interfaces:
-        for param in ("btl_tcp_if_include", "oob_tcp_if_include"):
-            if param not in extra:
-                args += ["--mca", param, interfaces]
+        args += mpi_interface_args(interfaces, given=extra)
     if single_host and "btl" not in extra:
         args += ["--mca", "btl", "^tcp,ofi"]
     return args + extra
