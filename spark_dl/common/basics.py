@@ -9,7 +9,7 @@ too). With none of them it runs alone: rank 0 of 1.
 import atexit
 import os
 
-from spark_dl import _core
+from spark_dl.common.native import core as _core, mpi_missing_reason
 from spark_dl.common.exceptions import InvalidArgumentError, raise_from_core
 from spark_dl.config import knobs as knob_table
 
@@ -95,8 +95,8 @@ def _use_mpi(comm, environ, controller):
     if comm is not None or controller == "mpi":
         if not mpi:
             raise InvalidArgumentError(
-                "MPI was requested (init(comm=...) or SDL_CONTROLLER=mpi) but this spark_dl build "
-                "has no MPI: install libopenmpi-dev and reinstall spark_dl, or use Gloo")
+                "MPI was requested (init(comm=...) or SDL_CONTROLLER=mpi), but "
+                + mpi_missing_reason() + "; or use Gloo")
         return True
     if controller == "gloo":
         return False
@@ -159,7 +159,7 @@ def init(comm=None, process_sets=None, **knobs):
                     raise InvalidArgumentError(
                         "this process runs under mpirun, but spark_dl is not using MPI ("
                         + ("SDL_CONTROLLER=gloo" if controller == "gloo" else
-                           "this build has no MPI: install libopenmpi-dev and reinstall spark_dl")
+                           mpi_missing_reason())
                         + "); or launch with sdlrun --gloo")
                 raise InvalidArgumentError(
                     f"SDL_SIZE={topo['size']} but no rendezvous server is set "

@@ -5,7 +5,7 @@ them. Classes keep Horovod's names where Horovod has one, so code that catches
 ``HorovodInternalError`` keeps working.
 """
 
-from spark_dl import _core
+from spark_dl.common.native import core as _core
 
 __all__ = [
     "SdlError", "NotInitializedError", "InvalidArgumentError", "MismatchError",

@@ -6,7 +6,7 @@ handle keeps its input and output arrays alive until it is synchronized.
 
 import time
 
-from spark_dl import _core
+from spark_dl.common.native import core as _core
 from spark_dl.common.exceptions import OpTimeoutError, ShutdownError, error_for
 
 __all__ = ["Handle", "CompositeHandle", "BatchHandle", "poll", "synchronize"]

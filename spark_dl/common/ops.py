@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import operator
 
-from spark_dl import _core
+from spark_dl.common.native import core as _core
 from spark_dl.common.basics import rank as _global_rank
 from spark_dl.common.basics import size as _global_size
 from spark_dl.common.exceptions import InvalidArgumentError, raise_from_core

@@ -6,7 +6,7 @@ that are not members. Operations on different process sets run concurrently
 with each other.
 """
 
-from spark_dl import _core
+from spark_dl.common.native import core as _core
 from spark_dl.common.exceptions import InvalidArgumentError, raise_from_core
 
 __all__ = ["ProcessSet", "global_process_set", "add_process_set", "remove_process_set"]

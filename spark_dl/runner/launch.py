@@ -68,7 +68,7 @@ def _core_build() -> Optional[Mapping[str, bool]]:
     """The core's ``build_info()``, or None where the core is not built (the runner works
     without it: it may launch on hosts that only launch)."""
     try:
-        from spark_dl import _core
+        from spark_dl.common.native import core as _core
     except ImportError:
         return None
     return _core.build_info()
@@ -115,8 +115,10 @@ def choose_controller(requested: str = "auto", env: Optional[Mapping[str, str]] 
 def _mpi_build_warning() -> Optional[str]:
     build = _core_build()
     if build is not None and not build.get("mpi"):
-        return ("sdlrun: warning: this spark_dl build has no MPI, so spark_dl.init() will "
-                "fail in the workers: rebuild with Open MPI (libopenmpi-dev), or use --gloo\n")
+        from spark_dl.common.native import mpi_missing_reason
+
+        return ("sdlrun: warning: spark_dl.init() will fail in the workers under --mpi: "
+                f"{mpi_missing_reason()}; or use --gloo\n")
     return None
 
 

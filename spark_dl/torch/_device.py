@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from spark_dl import _core
+from spark_dl.common.native import core as _core
 from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 

@@ -166,7 +166,8 @@ void Runtime::InitMpi() {
   bootstrap.BroadcastBytes(&job_token_, 0);
 #else
   throw Error(ErrorCode::kInvalidArgument,
-              "this spark_dl build has no MPI support (build it with libopenmpi-dev installed), "
+              "this spark_dl core has no MPI support: install Open MPI (Debian/Ubuntu: "
+              "apt-get install openmpi-bin libopenmpi-dev; a source build then needs rebuilding), "
               "or use SDL_CONTROLLER=gloo");
 #endif
 }

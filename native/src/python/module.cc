@@ -372,7 +372,10 @@ void TranslateErrors(const std::exception_ptr& p, void*) {
 }  // namespace
 }  // namespace sdl
 
-NB_MODULE(_core, m) {
+#ifndef SDL_MODULE_NAME
+#define SDL_MODULE_NAME _core
+#endif
+NB_MODULE(SDL_MODULE_NAME, m) {
   using namespace sdl;
   m.doc() = "spark_dl native collective core (use spark_dl.common, not this module)";
   g_core_error = PyErr_NewException("spark_dl._core.CoreError", PyExc_RuntimeError, nullptr);

@@ -33,7 +33,8 @@ __all__ = ["check_executor_python", "check_executor_python_for_session", "PROBE_
 
 #: What the probe imports on the executors: the barrier task's code, the pickler of the
 #: function, and the native core every worker's ``init()`` loads.
-PROBE_MODULES = ("spark_dl.spark.launch.barrier", "cloudpickle", "spark_dl._core")
+# spark_dl.common.native: the core, as spark_dl loads it (a wheel without Open MPI falls back).
+PROBE_MODULES = ("spark_dl.spark.launch.barrier", "cloudpickle", "spark_dl.common.native")
 
 # The probe function is compiled from source in a namespace that is no importable module,
 # so that cloudpickle ships it by value: loading it on the executor needs no spark_dl.

@@ -160,13 +160,13 @@ def _check_mpi() -> Tuple[str, str]:
     except LaunchError as exc:
         raise MpiNotBuiltError(f"spark_dl.spark.run(use_mpi=True): {exc}") from None
     try:
-        from spark_dl import _core
+        from spark_dl.common.native import core as _core, mpi_missing_reason
     except ImportError:  # the driver may only launch; the workers' init() checks theirs
         return path, version
     if not _core.build_info().get("mpi"):
         raise MpiNotBuiltError(
-            "spark_dl.spark.run(use_mpi=True): this spark_dl build has no MPI support "
-            "(rebuild it with libopenmpi-dev installed), or run with Gloo (use_mpi=None)")
+            f"spark_dl.spark.run(use_mpi=True): {mpi_missing_reason()}; or run with Gloo "
+            "(use_mpi=None)")
     return path, version
 
 
