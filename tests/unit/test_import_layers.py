@@ -27,6 +27,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.absp
 # equals its name or names a package above it.
 LAYERS: Dict[str, int] = {
     "spark_dl._core": 0,             # the native extension
+    "spark_dl._core_nompi": 0,       # the same without MPI (spark_dl.common.native picks)
     "spark_dl.config": 0,            # the knob table (stdlib only, no _core)
     "spark_dl.rendezvous": 1,        # rendezvous client, wire protocol, message auth
     "spark_dl.common": 2,            # framework-neutral runtime over _core
@@ -76,7 +77,7 @@ def _modules() -> Dict[str, str]:
 
 
 MODULES = _modules()
-KNOWN = set(MODULES) | {"spark_dl._core"}
+KNOWN = set(MODULES) | {"spark_dl._core", "spark_dl._core_nompi"}
 
 
 def _in_package(target: str) -> bool:
