@@ -69,8 +69,25 @@ if [ ! -x .venv/bin/python ]; then
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m pip install -q --upgrade pip
+# torch: PyPI's Linux wheel is the CUDA build, which brings ~17 NVIDIA packages (several GB).
+# On a machine without an NVIDIA GPU, PyTorch's CPU-only index is added where it can be reached
+# (its torch==X+cpu then wins over PyPI's X); where not (machines that reach only a package
+# mirror), pip takes what it finds. TORCH_INDEX_URL overrides the index ("" for none).
+torch_index=()
+if [ -n "${TORCH_INDEX_URL+set}" ]; then
+  [ -n "$TORCH_INDEX_URL" ] && torch_index=(--extra-index-url "$TORCH_INDEX_URL")
+elif ! { [ -e /dev/nvidia0 ] || nvidia-smi -L >/dev/null 2>&1; }; then
+  cpu_index=https://download.pytorch.org/whl/cpu
+  if .venv/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" \
+       "$cpu_index" >/dev/null 2>&1; then
+    torch_index=(--extra-index-url "$cpu_index")
+    echo "setup: no NVIDIA GPU here: torch's CPU build from $cpu_index"
+  else
+    echo "setup: no NVIDIA GPU here, but $cpu_index cannot be reached: torch from the configured index"
+  fi
+fi
 echo "setup: installing Python dependencies (torch pinned by constraints.txt)"
-.venv/bin/python -m pip install -q -c constraints.txt torch numpy
+.venv/bin/python -m pip install -q -c constraints.txt "${torch_index[@]}" torch numpy
 # Where nvcc is present (CI's machines, GPU hosts) the default build compiles the CUDA code;
 # NCCL's header comes from the nvidia-nccl-cu13 wheel in site-packages (cmake/cuda.cmake finds
 # it there), so install that first and the NCCL code is compiled too. --no-deps: the wheel's
@@ -84,7 +101,9 @@ echo "setup: building spark_dl (native core) in editable mode"
 # build/ then points at this nanobind, so the C++ tests and CMake checks in the test suite
 # can reconfigure and rebuild there (an isolated build's tools are deleted after it).
 .venv/bin/python -m pip install -q -c constraints.txt "scikit-build-core>=0.10" "nanobind>=2.0"
+# Keras: tensorflow-cpu (the same TensorFlow without its GPU parts) instead of the keras
+# extra's `tensorflow`, with the keras extra's other requirement.
 .venv/bin/python -m pip install -q -c constraints.txt --no-build-isolation \
-  -e ".[torch,spark,test,mpi,keras,lightning,notebook]"
+  -e ".[torch,spark,test,mpi,lightning,notebook]" tensorflow-cpu keras
 .venv/bin/python -c "import spark_dl._core as c; print('setup: spark_dl core built:', c.build_info())"
 inputs_hash > "$STAMP"
