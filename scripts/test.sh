@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Sets up the machine (scripts/setup.sh) and runs the whole test suite.
-# Extra arguments go to pytest. pytest's "no tests collected" (exit 5) fails.
+# Sets up the machine (scripts/setup.sh) and runs the whole test suite, then the Spark 3.5
+# mode (scripts/spark35.sh: the Spark tests that matter, on pyspark 3.5 in a second venv).
+# Extra arguments go to the main pytest run only. pytest's "no tests collected" (exit 5)
+# fails. The run fails if either part fails. SKIP_SPARK35=1 skips the Spark 3.5 mode.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -9,6 +11,14 @@ export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test: pytest collected no tests; failing" >&2
-  exit 1
+  rc=1
 fi
-exit "$rc"
+if [ "${SKIP_SPARK35:-0}" = 1 ]; then
+  echo "test: SKIP_SPARK35=1: the Spark 3.5 mode is skipped"
+  exit "$rc"
+fi
+bash scripts/spark35.sh
+rc35=$?
+[ "$rc35" -ne 0 ] && echo "test: the Spark 3.5 mode (scripts/spark35.sh) failed (exit $rc35)" >&2
+[ "$rc" -ne 0 ] && exit "$rc"
+exit "$rc35"
