@@ -140,7 +140,10 @@ class ParamsReader(MLReader):
         from spark_dl.spark.launch.pickling import pickler
 
         expected = f"{self.cls.__module__}.{self.cls.__name__}"
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession, expected)
+        # What DefaultParamsReader.loadMetadata reads, through the DataFrame API: Spark 3.5's
+        # loadMetadata takes a SparkContext (an RDD read), which Connect sessions lack.
+        text = self.sparkSession.read.text(os.path.join(path, "metadata")).first()[0]
+        metadata = DefaultParamsReader._parseMetaData(text, expected)
         fmt = metadata.get("spark_dl", {}).get("format")
         if fmt != FORMAT_VERSION:
             raise ValueError(f"{path} was saved in format {fmt!r}; this spark_dl reads "
