@@ -63,8 +63,9 @@ def connect_server():
     read what a Connect session wrote; pyspark's process-wide ``is_remote()`` is true
     while ``connect_spark`` lives, so pass this session explicitly where pyspark would
     look for the active one."""
-    pytest.importorskip("pyspark", minversion="4.0")  # the Connect server ships with 4.x
-    pytest.importorskip("grpc")
+    from spark_support import require_connect_server
+
+    require_connect_server()  # the server jar ships with pyspark 4.x only
     _worker_env()
     from pyspark import SparkContext
     from pyspark.sql import SparkSession

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("pyspark", minversion="4.0")
-pytest.importorskip("grpc")
+from spark_support import require_connect_server  # noqa: E402
+
+require_connect_server()  # the server jar ships with pyspark 4.x only
 
 from pyspark.ml import Pipeline, PipelineModel  # noqa: E402
 

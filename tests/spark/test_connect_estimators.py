@@ -10,8 +10,9 @@ import cloudpickle
 import numpy as np
 import pytest
 
-pytest.importorskip("pyspark", minversion="4.0")
-pytest.importorskip("grpc")
+from spark_support import require_connect_server
+
+require_connect_server()  # the server jar ships with pyspark 4.x only
 torch = pytest.importorskip("torch")
 
 from pyspark.ml import Pipeline, PipelineModel  # noqa: E402

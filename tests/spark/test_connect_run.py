@@ -12,8 +12,9 @@ import time
 import cloudpickle
 import pytest
 
-pytest.importorskip("pyspark", minversion="4.0")
-pytest.importorskip("grpc")
+from spark_support import require_connect_server
+
+require_connect_server()  # the server jar ships with pyspark 4.x only
 
 from spark_dl.spark import run  # noqa: E402
 from spark_dl.spark.launch.errors import NotEnoughSlotsError, WorkerFailedError  # noqa: E402

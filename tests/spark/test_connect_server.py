@@ -19,8 +19,9 @@ from contextlib import redirect_stdout
 
 import pytest
 
-pytest.importorskip("pyspark", minversion="4.0")
-pytest.importorskip("grpc")
+from spark_support import require_connect_server
+
+require_connect_server()  # the server jar ships with pyspark 4.x only
 torch = pytest.importorskip("torch")
 
 from test_run_cases import _FAKE_GPU_DISCOVERY, topology  # noqa: E402
