@@ -29,7 +29,8 @@ from typing import List, Optional, Tuple
 
 from spark_dl.spark.launch.errors import ExecutorPythonError
 
-__all__ = ["check_executor_python", "check_executor_python_for_session", "PROBE_MODULES"]
+__all__ = ["check_executor_python", "check_executor_python_for_session", "PROBE_MODULES",
+           "same_interpreter"]
 
 #: What the probe imports on the executors: the barrier task's code, the pickler of the
 #: function, and the native core every worker's ``init()`` loads.
@@ -62,12 +63,19 @@ def _probe_function():
     return namespace["probe"]
 
 
-def _same_interpreter(path: Optional[str]) -> bool:
+def same_interpreter(path: Optional[str]) -> bool:
+    """Whether ``path`` runs this Python with this environment. A virtualenv's
+    ``bin/python`` links to its base interpreter, so two venvs (or a venv and its base)
+    share the link's target: the folder holding the program decides the environment."""
     if not path:
         return False
     if path == sys.executable:
         return True
-    return os.path.isabs(path) and os.path.realpath(path) == os.path.realpath(sys.executable)
+    if not os.path.isabs(path):
+        return False
+    return (os.path.realpath(path) == os.path.realpath(sys.executable) and
+            os.path.realpath(os.path.dirname(path)) ==
+            os.path.realpath(os.path.dirname(sys.executable)))
 
 
 def _executor_count(sc) -> int:
@@ -132,9 +140,9 @@ def _advice(python: str) -> str:
         f"  - executors on this machine, or the same paths on every node: set PYSPARK_PYTHON="
         f"{sys.executable} before the SparkContext starts (or "
         f"--conf spark.pyspark.python={sys.executable});\n"
-        "  - a cluster: install spark_dl on the nodes, or ship a packed virtualenv: "
+        "  - a cluster: pip install spark_dl on the nodes, or ship a packed virtualenv: "
         "venv-pack -o env.tar.gz, then --archives env.tar.gz#env (spark.archives) with "
-        "PYSPARK_PYTHON=./env/bin/python (spark.pyspark.python); see docs/spark.md.\n"
+        "PYSPARK_PYTHON=./env/bin/python (spark.pyspark.python); see docs/install.md.\n"
         f"The executors ran {python!r}; the driver runs {sys.executable} "
         f"(Python {sys.version.split()[0]}).")
 
@@ -154,7 +162,7 @@ def check_executor_python(sc, timeout: float = 120.0) -> None:
     """
     python = getattr(sc, "pythonExec", None) or "python3"
     master = sc.master or ""
-    if master.startswith("local") and _same_interpreter(python):
+    if master.startswith("local") and same_interpreter(python):
         return
     key = (sc.applicationId, python)
     with _lock:
@@ -219,7 +227,7 @@ def _check_connect(spark, timeout: float, tasks: int) -> None:
 
     python = conf_get(spark, "spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") \
         or "python3"
-    if is_local_master(master_of(spark)) and _same_interpreter(python):
+    if is_local_master(master_of(spark)) and same_interpreter(python):
         return  # a server in this process (builder.remote("local[N]")) with our Python
     key = (getattr(spark, "session_id", None) or id(spark), python)
     with _lock:

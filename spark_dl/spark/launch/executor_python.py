@@ -30,16 +30,31 @@ def _chosen(sc) -> bool:
                 conf.get("spark.executorEnv.PYSPARK_PYTHON", None))
 
 
+def _conf_python(sc) -> bool:
+    """``spark.pyspark.python`` set in the Spark conf of a program started as ``python``:
+    PySpark takes its workers' Python from ``PYSPARK_PYTHON`` only (``spark-submit`` turns
+    the conf into that variable), so the conf would be ignored; spark_dl's jobs use it, as
+    Spark documents it (``./env/bin/python`` of a packed venv in ``spark.archives``)."""
+    wanted = sc.getConf().get("spark.pyspark.python", None)
+    if not wanted or os.environ.get("PYSPARK_PYTHON") or sc.pythonExec == wanted:
+        return False
+    sc.pythonExec = wanted
+    return True
+
+
 def use_driver_python(sc, out=None) -> bool:
     """On a local master with no chosen executor Python, run the executors' Python workers
-    on this interpreter (see the module doc). Returns whether it changed anything."""
+    on this interpreter (see the module doc); where ``spark.pyspark.python`` chose one that
+    PySpark ignored, that one. Returns whether it changed anything."""
+    if _conf_python(sc):
+        return True
     master = sc.master or ""
     if not master.startswith("local") or _chosen(sc):
         return False
+    from spark_dl.spark.launch.executor_probe import same_interpreter
+
     current = sc.pythonExec
-    if current == sys.executable or (os.path.isabs(current or "") and
-                                     os.path.realpath(current) ==
-                                     os.path.realpath(sys.executable)):
+    if same_interpreter(current):
         return False
     sc.pythonExec = sys.executable
     key = (id(sc), current)
