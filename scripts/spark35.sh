@@ -13,8 +13,8 @@
 # Spark Connect is not tested here: pip's pyspark 3.5 does not ship the Connect server's
 # jar (4.x does), and it cannot be had without Maven, so the Connect tests skip under 3.5.
 #
-# Extra arguments go to pytest (e.g. -k allreduce, or other test paths to run instead of
-# the default list below). pytest's "no tests collected" (exit 5) fails.
+# Extra arguments go to pytest (e.g. -k allreduce -x); test paths among them are run
+# instead of the default list below. pytest's "no tests collected" (exit 5) fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -87,9 +87,9 @@ fi
 
 export PYSPARK_PYTHON="$PWD/$VENV/bin/python"
 export PYSPARK_DRIVER_PYTHON="$PYSPARK_PYTHON"
-if [ "$#" -gt 0 ] && [ "${1#-}" = "$1" ]; then
-  TESTS=()  # test paths given: run those instead of the default list
-fi
+for arg in "$@"; do  # an argument naming a test file or folder replaces the default list
+  [ "${arg#-}" = "$arg" ] && [ -e "${arg%%::*}" ] && TESTS=()
+done
 "$VENV/bin/python" -c 'import pyspark, pyarrow, pandas, numpy; print(f"spark35: pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}, pandas {pandas.__version__}, numpy {numpy.__version__}")'
 "$VENV/bin/python" -m pytest "${TESTS[@]}" "$@"
 rc=$?
