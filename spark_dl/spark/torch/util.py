@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from spark_dl.spark.common.metrics import metric_pairs
+from spark_dl.spark.common.prediction import torch_prediction_kind
 from spark_dl.torch import _device as tensor_device
 
 __all__ = ["model_dtype", "default_input_shapes", "torch_batch", "feature_tensors", "label_tensors",
@@ -268,21 +269,10 @@ def default_train_minibatch():
 
 def prediction_kind(losses: Sequence) -> Optional[str]:
     """What the model's output means, from its one loss (see the model's
-    ``prediction_kind``): None when there are several losses or the loss is unknown."""
-    if len(losses) != 1:
-        return None
-    fn = losses[0]
-    nn, F = torch.nn, torch.nn.functional
-    table = (((F.cross_entropy, nn.CrossEntropyLoss), "logits"),
-             ((F.nll_loss, nn.NLLLoss), "log_probabilities"),
-             ((F.binary_cross_entropy_with_logits, nn.BCEWithLogitsLoss), "binary_logits"),
-             ((F.binary_cross_entropy, nn.BCELoss), "binary_probabilities"),
-             ((F.mse_loss, nn.MSELoss, F.l1_loss, nn.L1Loss, F.smooth_l1_loss,
-               nn.SmoothL1Loss, F.huber_loss, nn.HuberLoss), "regression"))
-    for known, kind in table:
-        if any(fn is k or (isinstance(k, type) and isinstance(fn, k)) for k in known):
-            return kind
-    return None
+    ``prediction_kind``): None when there are several losses or the loss is unknown. The
+    rule is shared with the Lightning estimator
+    (:func:`~spark_dl.spark.common.prediction.torch_prediction_kind`)."""
+    return torch_prediction_kind(losses)
 
 
 def predict(model: torch.nn.Module, arrays: Dict[str, np.ndarray], feature_cols: Sequence[str],
