@@ -47,7 +47,8 @@ from spark_dl.spark.launch.task.devices import choose_gpu, choose_transform_gpu
 from spark_dl.spark.lightning import util
 from spark_dl.torch import _device as tensor_device
 
-__all__ = ["LightningSpec", "LightningWorker", "LightningPredictor", "CHECKPOINT_FORMAT"]
+__all__ = ["LightningSpec", "LightningWorker", "LightningPredictor", "CHECKPOINT_FORMAT",
+           "default_logger"]
 
 # 2: "epoch" counts from 1, as the history (and Lightning's own "epoch") does; 1 (still
 # read): counted from 0.
@@ -237,6 +238,16 @@ def redirect_logger(logger, root: str) -> None:
             setattr(logger, attr, root)
 
 
+def default_logger(pl, save_dir: str):
+    """The logger of a fit that names none: Lightning's ``TensorBoardLogger`` in
+    ``save_dir`` (``<save_dir>/lightning_logs/version_N``), or a ``CSVLogger`` there where
+    neither ``tensorboard`` nor ``tensorboardX`` is installed."""
+    try:
+        return pl.loggers.TensorBoardLogger(save_dir)
+    except ModuleNotFoundError:
+        return pl.loggers.CSVLogger(save_dir)
+
+
 class LightningWorker(WorkerAdapter):
     """One rank's Lightning training (see the module doc)."""
 
@@ -370,11 +381,15 @@ class LightningWorker(WorkerAdapter):
             device=self.device if self.device.type == "cuda" else None)
         out = self._output_dir()
         callbacks = list(self.callbacks)
-        logger = fw.logger if fw.logger is not None else False
+        logs = os.path.join(out, spec.remote_store.store.get_logs_subdir()) if out else None
+        logger = fw.logger
+        if logger is None:
+            # Horovod's default: a TensorBoard logger in the run's logs directory, so
+            # callbacks that need a logger (LearningRateMonitor ...) work.
+            logger = default_logger(self.pl, logs or tempfile.mkdtemp(prefix="spark_dl_logs_"))
         if out is not None:
             if logger:
-                redirect_logger(logger, os.path.join(out, spec.remote_store.store
-                                                     .get_logs_subdir()))
+                redirect_logger(logger, logs)
             if fw.checkpoint_callback is not None and fw.checkpoint_callback.dirpath is None:
                 fw.checkpoint_callback.dirpath = os.path.join(out, "checkpoints")
         if fw.checkpoint_callback is not None:

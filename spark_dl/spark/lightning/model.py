@@ -18,13 +18,15 @@ from spark_dl.spark.lightning.adapter import LightningPredictor
 from spark_dl.spark.lightning.params import LIGHTNING_MODEL_PARAMS
 from spark_dl.spark.lightning.params_accessors import LightningModelParamsAccessors
 
-__all__ = ["LightningModel", "LIGHTNING_MODEL_PARAMS"]
+__all__ = ["LightningModel", "TorchModel", "LIGHTNING_MODEL_PARAMS"]
 
 
 @define_params(LIGHTNING_MODEL_PARAMS)
 class LightningModel(LightningModelParamsAccessors, ModelBase):
-    """A trained LightningModule (see the module doc). ``fit`` returns one; ``getModel()``
-    gives the module, ``getHistory()`` the per-epoch metrics, and
+    """A trained LightningModule (see the module doc). ``fit`` returns one; Horovod calls
+    it ``horovod.spark.lightning.TorchModel`` (exported under that name too, the same
+    class). ``getModel()`` gives the module (the plain ``torch.nn.Module`` when one was
+    trained through Horovod's legacy path), ``getHistory()`` the per-epoch metrics, and
     ``getMetadata()["logged_metrics"]`` what Lightning's ``callback_metrics`` held at the
     end of training (rank 0).
 
@@ -58,3 +60,8 @@ LightningModel.__init__.__signature__ = params_signature(
     list(MODEL_PARAMS) + list(LIGHTNING_MODEL_PARAMS))
 LightningModel.__init__.__doc__ = ("Creates the model; every argument is a param.\n\n"
                                    + params_doc(list(MODEL_PARAMS) + list(LIGHTNING_MODEL_PARAMS)))
+
+
+#: Horovod's name of the Lightning model (``horovod.spark.lightning.TorchModel``): the same
+#: class.
+TorchModel = LightningModel

@@ -3,15 +3,21 @@
 :mod:`spark_dl.spark.lightning.params_accessors` (``python -m
 spark_dl.spark.common.params_codegen``).
 
-Names follow ``horovod.spark.lightning.LightningEstimator``. The shared ``model`` is a
-``LightningModule``; ``optimizer`` and ``loss`` are optional (see docs/lightning.md).
+Names follow Horovod's Lightning estimator, ``horovod.spark.lightning.TorchEstimator``
+(0.28.1): every one of its params is accepted; those that mean nothing here carry an
+``ignored`` note, printed once per fit when set. The shared ``model`` is a
+``LightningModule`` (or a plain ``torch.nn.Module`` with ``optimizer`` and ``loss``, which
+the estimator wraps); ``optimizer`` and ``loss`` are optional otherwise (see
+docs/lightning.md).
 """
 
 from spark_dl.spark.common.params import ParamSpec, _bool, _dict, _int, _shapes
 
 __all__ = ["LIGHTNING_PARAMS", "LIGHTNING_MODEL_PARAMS", "RESERVED_TRAINER_ARGS"]
 
-#: Trainer arguments the estimator sets itself (key -> what to use instead).
+#: Trainer arguments the estimator sets itself (key -> what to use instead). A value that
+#: agrees with what the estimator sets is accepted (``LightningEstimator`` knows which);
+#: only a conflicting one is refused, with this advice.
 RESERVED_TRAINER_ARGS = {
     "strategy": "spark_dl's SparkDLStrategy is always used",
     "accelerator": "use use_gpu", "devices": "use num_proc (one device per process)",
@@ -39,19 +45,51 @@ LIGHTNING_PARAMS = (
               "[[-1, 1, 28, 28]] (default: as loaded, [rows, n] for vectors)", None,
               _shapes("input_shapes")),
     ParamSpec("trainer_args", "more keyword arguments of lightning's Trainer (e.g. "
-              "gradient_clip_val, precision); the ones the estimator sets are refused", None,
+              "gradient_clip_val, precision); one the estimator sets is accepted when its "
+              "value agrees (num_sanity_val_steps=0, max_epochs=epochs ...), else refused", None,
               _dict("trainer_args")),
     ParamSpec("logger", "a Lightning logger (TensorBoardLogger, CSVLogger ...); its files "
-              "go to the run's logs directory in the store", None, pickled=True),
+              "go to the run's logs directory in the store (default: a TensorBoardLogger "
+              "there, as Horovod; False: no logger)", None, pickled=True),
     ParamSpec("checkpoint_callback", "a ModelCheckpoint callback; its files go to the run's "
               "checkpoints directory in the store", None, pickled=True),
     ParamSpec("profiler", "Trainer's profiler: 'simple', 'advanced' or a Profiler object",
               None, pickled=True),
     ParamSpec("log_every_n_steps", "how often (in steps) Lightning writes logged values to "
               "the logger", 50, _int("log_every_n_steps", 1)),
-    ParamSpec("data_module", "Horovod's data module class; not supported: the estimator "
-              "feeds the steps from its Arrow loader (use transformation_fn)", None,
-              pickled=True),
+    # Lightning computes metrics in the module's steps (self.log), not from these.
+    ParamSpec("metrics", "Horovod's metric functions", None, pickled=True,
+              ignored="log metrics from the module's steps with self.log('acc', value); "
+              "they become the history's metrics"),
+    # Horovod's rows that mean nothing with spark_dl's loader and Trainer (0.28.1 names).
+    ParamSpec("num_gpus", "Horovod's GPUs per process", None, _int("num_gpus"),
+              aliases=("NumGPUs",), ignored="each process trains on one GPU when use_gpu "
+              "is True and CUDA is there, else on the CPU (use_gpu=False for the CPU)"),
+    ParamSpec("loader_num_epochs", "Horovod's Petastorm reader epochs", None,
+              _int("loader_num_epochs", 1), ignored="the Arrow loader reads the data "
+              "once per epoch, for epochs epochs"),
+    ParamSpec("debug_data_loader", "Horovod's data loader debug flag", None,
+              _bool("debug_data_loader"), ignored="the Arrow loader has no debug mode "
+              "(verbose=2 shows data preparation and launch details)"),
+    ParamSpec("train_async_data_loader_queue_size", "Horovod's async loader queue size",
+              None, _int("train_async_data_loader_queue_size"),
+              ignored="the Arrow loader's reader threads prefetch "
+              "(train_reader_num_workers)"),
+    ParamSpec("val_async_data_loader_queue_size", "Horovod's async loader queue size", None,
+              _int("val_async_data_loader_queue_size"),
+              ignored="the Arrow loader's reader threads prefetch (val_reader_num_workers)"),
+    ParamSpec("transformation_edit_fields", "Horovod's Petastorm TransformSpec fields",
+              None, pickled=True, ignored="transformation_fn gets and returns a dict "
+              "column -> tensor: add keys there"),
+    ParamSpec("transformation_removed_fields", "Horovod's Petastorm TransformSpec fields",
+              None, pickled=True, ignored="transformation_fn gets and returns a dict "
+              "column -> tensor: drop keys there"),
+    ParamSpec("loss_constructors", "Horovod's loss factories", None, pickled=True,
+              ignored="Horovod's Lightning estimator does not use them either: pass loss= "
+              "or compute the loss in training_step"),
+    ParamSpec("train_minibatch_fn", "Horovod's custom torch training step", None,
+              pickled=True, ignored="Horovod's Lightning estimator does not use it either: "
+              "define training_step in a LightningModule"),
 )
 
 #: ``LightningModel``'s rows beyond ``MODEL_PARAMS``.

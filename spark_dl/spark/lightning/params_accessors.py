@@ -30,22 +30,26 @@ class LightningEstimatorParamsAccessors:
 
     def getTrainerArgs(self) -> Optional[Dict[str, Any]]:
         """Gets ``trainer_args``: more keyword arguments of lightning's Trainer (e.g.
-        gradient_clip_val, precision); the ones the estimator sets are refused."""
+        gradient_clip_val, precision); one the estimator sets is accepted when its value agrees
+        (num_sanity_val_steps=0, max_epochs=epochs ...), else refused."""
         return self.getOrDefault('trainer_args')
 
     def setTrainerArgs(self: _P, value: Optional[Dict[str, Any]]) -> _P:
         """Sets ``trainer_args``: more keyword arguments of lightning's Trainer (e.g.
-        gradient_clip_val, precision); the ones the estimator sets are refused. Returns self."""
+        gradient_clip_val, precision); one the estimator sets is accepted when its value agrees
+        (num_sanity_val_steps=0, max_epochs=epochs ...), else refused. Returns self."""
         return self._set(trainer_args=value)
 
     def getLogger(self) -> Any:
         """Gets ``logger``: a Lightning logger (TensorBoardLogger, CSVLogger ...); its files go to
-        the run's logs directory in the store."""
+        the run's logs directory in the store (default: a TensorBoardLogger there, as Horovod;
+        False: no logger)."""
         return self.getOrDefault('logger')
 
     def setLogger(self: _P, value: Any) -> _P:
         """Sets ``logger``: a Lightning logger (TensorBoardLogger, CSVLogger ...); its files go to
-        the run's logs directory in the store. Returns self."""
+        the run's logs directory in the store (default: a TensorBoardLogger there, as Horovod;
+        False: no logger). Returns self."""
         return self._set(logger=value)
 
     def getCheckpointCallback(self) -> Any:
@@ -77,15 +81,97 @@ class LightningEstimatorParamsAccessors:
         logger. Returns self."""
         return self._set(log_every_n_steps=value)
 
-    def getDataModule(self) -> Any:
-        """Gets ``data_module``: Horovod's data module class; not supported: the estimator feeds the
-        steps from its Arrow loader (use transformation_fn)."""
-        return self.getOrDefault('data_module')
+    def getMetrics(self) -> Any:
+        """Gets ``metrics``: Horovod's metric functions."""
+        return self.getOrDefault('metrics')
 
-    def setDataModule(self: _P, value: Any) -> _P:
-        """Sets ``data_module``: Horovod's data module class; not supported: the estimator feeds the
-        steps from its Arrow loader (use transformation_fn). Returns self."""
-        return self._set(data_module=value)
+    def setMetrics(self: _P, value: Any) -> _P:
+        """Sets ``metrics``: Horovod's metric functions. Returns self."""
+        return self._set(metrics=value)
+
+    def getNumGpus(self) -> Optional[int]:
+        """Gets ``num_gpus``: Horovod's GPUs per process."""
+        return self.getOrDefault('num_gpus')
+
+    def setNumGpus(self: _P, value: Optional[int]) -> _P:
+        """Sets ``num_gpus``: Horovod's GPUs per process. Returns self."""
+        return self._set(num_gpus=value)
+
+    def getNumGPUs(self) -> Optional[int]:
+        """Gets ``num_gpus``: Horovod's GPUs per process."""
+        return self.getOrDefault('num_gpus')
+
+    def setNumGPUs(self: _P, value: Optional[int]) -> _P:
+        """Sets ``num_gpus``: Horovod's GPUs per process. Returns self."""
+        return self._set(num_gpus=value)
+
+    def getLoaderNumEpochs(self) -> Optional[int]:
+        """Gets ``loader_num_epochs``: Horovod's Petastorm reader epochs."""
+        return self.getOrDefault('loader_num_epochs')
+
+    def setLoaderNumEpochs(self: _P, value: Optional[int]) -> _P:
+        """Sets ``loader_num_epochs``: Horovod's Petastorm reader epochs. Returns self."""
+        return self._set(loader_num_epochs=value)
+
+    def getDebugDataLoader(self) -> Optional[bool]:
+        """Gets ``debug_data_loader``: Horovod's data loader debug flag."""
+        return self.getOrDefault('debug_data_loader')
+
+    def setDebugDataLoader(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``debug_data_loader``: Horovod's data loader debug flag. Returns self."""
+        return self._set(debug_data_loader=value)
+
+    def getTrainAsyncDataLoaderQueueSize(self) -> Optional[int]:
+        """Gets ``train_async_data_loader_queue_size``: Horovod's async loader queue size."""
+        return self.getOrDefault('train_async_data_loader_queue_size')
+
+    def setTrainAsyncDataLoaderQueueSize(self: _P, value: Optional[int]) -> _P:
+        """Sets ``train_async_data_loader_queue_size``: Horovod's async loader queue size. Returns
+        self."""
+        return self._set(train_async_data_loader_queue_size=value)
+
+    def getValAsyncDataLoaderQueueSize(self) -> Optional[int]:
+        """Gets ``val_async_data_loader_queue_size``: Horovod's async loader queue size."""
+        return self.getOrDefault('val_async_data_loader_queue_size')
+
+    def setValAsyncDataLoaderQueueSize(self: _P, value: Optional[int]) -> _P:
+        """Sets ``val_async_data_loader_queue_size``: Horovod's async loader queue size. Returns
+        self."""
+        return self._set(val_async_data_loader_queue_size=value)
+
+    def getTransformationEditFields(self) -> Any:
+        """Gets ``transformation_edit_fields``: Horovod's Petastorm TransformSpec fields."""
+        return self.getOrDefault('transformation_edit_fields')
+
+    def setTransformationEditFields(self: _P, value: Any) -> _P:
+        """Sets ``transformation_edit_fields``: Horovod's Petastorm TransformSpec fields. Returns
+        self."""
+        return self._set(transformation_edit_fields=value)
+
+    def getTransformationRemovedFields(self) -> Any:
+        """Gets ``transformation_removed_fields``: Horovod's Petastorm TransformSpec fields."""
+        return self.getOrDefault('transformation_removed_fields')
+
+    def setTransformationRemovedFields(self: _P, value: Any) -> _P:
+        """Sets ``transformation_removed_fields``: Horovod's Petastorm TransformSpec fields. Returns
+        self."""
+        return self._set(transformation_removed_fields=value)
+
+    def getLossConstructors(self) -> Any:
+        """Gets ``loss_constructors``: Horovod's loss factories."""
+        return self.getOrDefault('loss_constructors')
+
+    def setLossConstructors(self: _P, value: Any) -> _P:
+        """Sets ``loss_constructors``: Horovod's loss factories. Returns self."""
+        return self._set(loss_constructors=value)
+
+    def getTrainMinibatchFn(self) -> Any:
+        """Gets ``train_minibatch_fn``: Horovod's custom torch training step."""
+        return self.getOrDefault('train_minibatch_fn')
+
+    def setTrainMinibatchFn(self: _P, value: Any) -> _P:
+        """Sets ``train_minibatch_fn``: Horovod's custom torch training step. Returns self."""
+        return self._set(train_minibatch_fn=value)
 
 
 class LightningModelParamsAccessors:

@@ -92,6 +92,11 @@ def _loss_of(losses, outputs, labels):
     for fn, out, label in zip(fns, outs, labels):
         if label.is_floating_point() and label.shape != out.shape and label.numel() == out.numel():
             label = label.reshape(out.shape)
+        elif (label.is_floating_point() and out.is_floating_point() and out.dim() > 1
+              and label.numel() == out.shape[0]):
+            # One value per row for a wider output: a class index (Spark's StringIndexer
+            # writes doubles), as the torch estimator reads it.
+            label = label.reshape(-1).long()
         total = total + fn(out, label)
     return total
 
