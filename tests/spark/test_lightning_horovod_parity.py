@@ -200,15 +200,25 @@ def test_prediction_kind_is_carried_to_the_model_or_inferred_from_the_loss(store
 # ----------------------------------------------------------------------------- Spark
 
 
-def test_callback_needing_a_logger_fails_in_the_dry_run_before_training(store, df):
-    est = legacy_estimator(store, run_id="no_logger", logger=False,
-                           callbacks=[LearningRateMonitor()])
+def test_callback_needing_a_logger_without_one_fails_before_any_spark_job(store):
+    est = legacy_estimator(store, logger=False, callbacks=[LearningRateMonitor()])
+    with pytest.raises(ValueError) as info:
+        est._check_params()
+    assert ("LearningRateMonitor need(s) a logger, and logger=False turns it off: leave "
+            "logger unset") in str(info.value)
+
+
+def test_user_callbacks_run_in_the_dry_run_before_training(store, df):
+    # EarlyStopping on a key nobody logs fails in Lightning's validation end: on the
+    # driver, before any worker starts.
+    est = legacy_estimator(store, run_id="no_key", callbacks=[
+        pl.callbacks.EarlyStopping(monitor="val_acc")])
     with pytest.raises(ValueError) as info:
         est.fit(df)
     message = str(info.value)
-    assert "dry run" in message and "LearningRateMonitor" in message
-    assert "logger=False leaves the Trainer without a logger" in message
-    assert not store.exists(store.get_checkpoint_path("no_logger"))
+    assert "dry run" in message and "with the callbacks and trainer_args given" in message
+    assert "val_acc" in message
+    assert not store.exists(store.get_checkpoint_path("no_key"))
 
 
 def test_legacy_module_with_horovod_params_trains_logs_and_predicts(store, df):

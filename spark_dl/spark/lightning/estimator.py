@@ -233,6 +233,16 @@ class LightningEstimator(LightningEstimatorParamsAccessors, EstimatorBase):
                 raise TypeError(f"callbacks[{i}] is a {type(cb).__name__}, not a "
                                 f"{package}.Callback (e.g. EarlyStopping(monitor='val_loss'))")
         logger = self.getLogger()
+        if logger is False:
+            # Lightning's callbacks that refuse a Trainer without a logger, known before any
+            # Spark job; the dry run finds the others.
+            needy = (pl.callbacks.LearningRateMonitor, pl.callbacks.DeviceStatsMonitor)
+            names = [type(cb).__name__ for cb in self.getCallbacks() or []
+                     if isinstance(cb, needy)]
+            if names:
+                raise ValueError(f"{', '.join(names)} need(s) a logger, and logger=False "
+                                 "turns it off: leave logger unset (a TensorBoard logger in "
+                                 "the store) or pass one")
         if logger is not None and logger is not False and not isinstance(
                 logger, pl.loggers.Logger):
             raise TypeError(f"logger must be a {package} logger (TensorBoardLogger, "
