@@ -82,7 +82,8 @@ class PartitionWriter:
                 parts = {"train": rb}
                 if self.split:
                     flag = rb.column(SPLIT_COLUMN)
-                    rb = rb.drop_columns([SPLIT_COLUMN])
+                    # select: pyarrow 12 has no RecordBatch.drop_columns
+                    rb = rb.select([n for n in rb.schema.names if n != SPLIT_COLUMN])
                     self.stats.add_validation_flags(flag)
                     flag = flag.fill_null(False)
                     parts = {"train": rb.filter(pc.invert(flag)), "val": rb.filter(flag)}
