@@ -277,8 +277,15 @@ class _DistributedOptimizer:
     def _store(self, p, result, ctx, wire):
         if wire is None:  # sparse allreduce returns a new sparse tensor
             p.grad = result
-        elif wire is not p.grad:  # compressed (a copy): bring the result back
+            return
+        if wire is not p.grad:  # compressed (a copy): bring the result back
             p.grad.copy_(self._compression.decompress(result, ctx))
+        layout = self._sparse_layout.get(p)
+        if layout is not None:
+            # sparse_as_dense reduced a sparse gradient as a dense one: hand it back in the
+            # layout autograd gave it (as Horovod does), since the wrapped optimizer may need
+            # it (SparseAdam). Rows that average to exactly zero are left out.
+            p.grad = p.grad.to_sparse(layout[0])
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -421,10 +428,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         groups: an integer n (split the parameters into n groups, each reduced
             as one grouped allreduce) or a list of lists of parameters.
         sparse_as_dense: reduce sparse gradients (``nn.Embedding(sparse=True)``) as
-            dense tensors. Default False: they are reduced by allgather of their
-            indices and values and stay sparse, so ``torch.optim.SparseAdam`` works.
-            A parameter unused on some rank in the very first step cannot be known
-            to be sparse there: use it on every rank, or pass True.
+            dense tensors (one allreduce instead of an allgather of indices and values),
+            then turn the result back into a sparse gradient of the parameter's layout,
+            as Horovod does, so ``torch.optim.SparseAdam`` works either way. Default
+            False: reduced by allgather of their indices and values. A parameter unused
+            on some rank in the very first step cannot be known to be sparse there (its
+            zero gradient stays dense on that rank): use it on every rank in that step.
         process_set: the ranks whose gradients are averaged.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):

@@ -333,7 +333,15 @@ TRAIN_CONFIGS = {
     # "_unused" the last rank skips the embedding after the first step.
     "sparse_adam": (lambda p: torch.optim.SparseAdam(list(p)[:1], lr=0.05), {}, 1, 1e-5),
     "sparse_adam_unused": (lambda p: torch.optim.SparseAdam(list(p)[:1], lr=0.05), {}, 1, 1e-5),
+    # sparse_as_dense: reduced as dense tensors, handed back to SparseAdam as sparse ones
+    # (Horovod's sparse-embedding test).
+    "sparse_adam_as_dense": (lambda p: torch.optim.SparseAdam(list(p)[:1], lr=0.05),
+                             {"sparse_as_dense": True}, 1, 1e-5),
+    "sparse_adam_as_dense_unused": (lambda p: torch.optim.SparseAdam(list(p)[:1], lr=0.05),
+                                    {"sparse_as_dense": True}, 1, 1e-5),
 }
+# Configs where the last rank's batches skip the embedding after the first step.
+_SKIP_EMBEDDING = ("sparse_adam_unused", "sparse_adam_as_dense_unused")
 STEPS = 4
 PER_RANK = 4
 
@@ -370,7 +378,7 @@ def _train(config, rank, size):
             cx, cy = chunks[rank * passes + p]
             # The extra branch is used by the last rank's batches only.
             use = rank == size - 1 and (config == "unused_param" or
-                                        (config == "sparse_adam_unused" and step > 0))
+                                        (config in _SKIP_EMBEDDING and step > 0))
             (F.mse_loss(model(cx, use), cy) / passes).backward()
         if config == "synchronize_clip":
             opt.synchronize()
@@ -383,7 +391,7 @@ def _train(config, rank, size):
         loss = 0.0
         for i, (cx, cy) in enumerate(chunks):
             use = i // passes == size - 1 and (config == "unused_param" or
-                                               (config == "sparse_adam_unused" and step > 0))
+                                               (config in _SKIP_EMBEDDING and step > 0))
             loss = loss + F.mse_loss(ref(cx, use), cy)
         (loss * scale / len(chunks)).backward()
         if config == "synchronize_clip":
