@@ -5,13 +5,15 @@ that speaks DLPack (``__dlpack__``) and a ``finish`` function that turns the
 core's DLPack outputs into their own tensor type. Nothing is copied for
 contiguous CPU tensors. The argument handling every front end shares lives here
 too: the reduce op (:func:`resolve_op`), operation and group names, the size and
-rank within a process set, and alltoall's default splits.
+rank within a process set, and alltoall's splits (default and checked).
 """
 
 import collections
 import contextlib
 import itertools
 import operator
+
+import numpy as np
 
 from spark_dl.common.native import core as _core
 from spark_dl.common.basics import rank as _global_rank
@@ -21,8 +23,8 @@ from spark_dl.common.handles import BatchHandle, Handle
 from spark_dl.common.process_sets import global_process_set
 
 __all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "resolve_op", "auto_name",
-           "group_name", "set_size", "set_rank", "set_ranks", "root_index", "even_splits", "submit",
-           "submit_many", "DLPackTensor", "DTYPES"]
+           "group_name", "set_size", "set_rank", "set_ranks", "root_index", "even_splits",
+           "alltoall_splits", "submit", "submit_many", "DLPackTensor", "DTYPES"]
 
 Average = _core.REDUCE_OPS["Average"]
 Sum = _core.REDUCE_OPS["Sum"]
@@ -121,6 +123,50 @@ def even_splits(rows, n):
         raise InvalidArgumentError(f"alltoall without splits needs dimension 0 ({have}) "
                                    f"divisible by the number of ranks ({n})")
     return [rows // n] * n
+
+
+def alltoall_splits(splits, rows, n):
+    """alltoall's splits as a list of ints, checked on the calling rank before anything is
+    enqueued, so that bad splits raise the same error on every rank that passes them and
+    no rank waits for a send that never comes. Every front end calls this one function.
+
+    Args:
+        splits: None (``rows`` divided evenly, see :func:`even_splits`), or one row count
+            per member of the set: a sequence or a one-dimensional array of integers
+            (a framework tensor as ``tolist()`` or NumPy gives it, so its dtype counts).
+        rows: the tensor's first dimension (None for a scalar).
+        n: the size of the process set.
+
+    Raises:
+        InvalidArgumentError: a scalar tensor; splits that are not integers (floats,
+            booleans, strings), not one-dimensional, not one per member, negative, or
+            that do not add up to ``rows``.
+    """
+    if splits is None:
+        return even_splits(rows, n)
+    if rows is None:
+        raise InvalidArgumentError("alltoall needs a tensor with at least one dimension")
+    try:
+        arr = np.asarray(splits)
+    except Exception:  # noqa: BLE001 - ragged nesting, objects NumPy cannot take
+        arr = None
+    if arr is None or arr.ndim != 1:
+        raise InvalidArgumentError(f"alltoall splits must be a one-dimensional sequence of "
+                                   f"integers, one per rank of the process set ({n}), got "
+                                   f"{splits!r}")
+    if len(arr) != n:
+        raise InvalidArgumentError(f"alltoall needs one split per rank of the process set "
+                                   f"({n}), got {len(arr)}: {arr.tolist()}")
+    if arr.dtype.kind not in "iu":
+        raise InvalidArgumentError(f"alltoall splits must be integers, got {arr.dtype} values "
+                                   f"{arr.tolist()}")
+    values = [int(s) for s in arr]
+    if any(s < 0 for s in values):
+        raise InvalidArgumentError(f"alltoall splits must be >= 0, got {values}")
+    if sum(values) != rows:
+        raise InvalidArgumentError(f"alltoall splits of {values} rows sum to {sum(values)} but "
+                                   f"the first dimension is {rows}")
+    return values
 
 
 def auto_name(kind, process_set_id=0):

@@ -18,7 +18,7 @@ from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import CompositeHandle, synchronize
 from spark_dl.common.objects import allgather_object, broadcast_object
-from spark_dl.common.ops import even_splits, group_name, resolve_op, set_size
+from spark_dl.common.ops import alltoall_splits, group_name, resolve_op, set_size
 from spark_dl.common.process_sets import global_process_set
 
 __all__ = [
@@ -148,9 +148,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     Without ``splits`` the rows are divided evenly (axis 0 must divide by the set size).
     """
     arr = _as_array(tensor)
-    if splits is None:
-        splits = even_splits(arr.shape[0] if arr.ndim else None, set_size(process_set))
-    splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+    splits = alltoall_splits(splits, arr.shape[0] if arr.ndim else None, set_size(process_set))
     return _ops.submit("alltoall", name, arr, splits=splits, process_set=process_set,
                        finish=lambda o, i: (_from(o), np.asarray(i, dtype=np.int32)))
 

@@ -28,8 +28,8 @@ from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import synchronize
 from spark_dl.common.ops import (  # noqa: F401 - re-exported
-    Adasum, Average, Max, Min, Product, Sum, even_splits, group_name, resolve_op, set_rank,
-    set_size)
+    Adasum, Average, Max, Min, Product, Sum, alltoall_splits, even_splits, group_name,
+    resolve_op, set_rank, set_size)
 from spark_dl.common.process_sets import (  # noqa: F401 - re-exported
     ProcessSet, add_process_set, global_process_set, remove_process_set)
 from spark_dl.tensorflow._bridge import call, run_collective
@@ -311,8 +311,12 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
 def _alltoall_raw(tensor, splits, name, process_set):
     def body(array, splits_array):
+        # The check every front end shares, on the values (eagerly and in tf.function),
+        # before anything is enqueued.
+        checked = alltoall_splits(splits_array, array.shape[0] if array.ndim else None,
+                                  set_size(process_set))
         return list(run_collective("alltoall", [array], [name], "", process_set,
-                                   splits=[int(s) for s in splits_array.reshape(-1)])[0])
+                                   splits=checked)[0])
 
     out, received = call(body, [tensor, splits], out_dtypes=[tensor.dtype, tf.int32],
                          out_shapes=[_gathered_shape(tensor), [set_size(process_set)]],
@@ -338,7 +342,8 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
             splits = tf.constant(even_splits(rows, n), tf.int32)
         else:
             splits = tf.fill([n], tf.shape(tensor)[0] // n)
-    splits = tf.cast(tf.convert_to_tensor(splits), tf.int32)
+    # Not cast: float splits must reach the check in _alltoall_raw as floats.
+    splits = tf.convert_to_tensor(splits)
     if not _differentiable([tensor]):
         return _alltoall_raw(tensor, splits, name, process_set)
 

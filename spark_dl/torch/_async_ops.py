@@ -19,7 +19,8 @@ import torch
 from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import CompositeHandle
-from spark_dl.common.ops import Average, Sum, even_splits, group_name, resolve_op, set_size
+from spark_dl.common.ops import (Average, Sum, alltoall_splits, group_name, resolve_op,
+                                 set_size)
 from spark_dl.common.process_sets import global_process_set
 from spark_dl.torch import _device
 
@@ -432,11 +433,16 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 # ----------------------------------------------------------------------------- alltoall, scatter
 
 def _splits_list(splits, tensor, process_set):
-    if splits is None:
-        return even_splits(tensor.shape[0] if tensor.dim() else None, set_size(process_set))
+    # The shared check sees a tensor's dtype through NumPy (floats stay floats), or its
+    # values as Python numbers where NumPy has no such dtype (bfloat16).
     if isinstance(splits, torch.Tensor):
-        return [int(s) for s in splits.reshape(-1).tolist()]
-    return [int(s) for s in splits]
+        splits = splits.detach().cpu()
+        try:
+            splits = splits.numpy()
+        except TypeError:
+            splits = splits.tolist()
+    return alltoall_splits(splits, tensor.shape[0] if tensor.dim() else None,
+                           set_size(process_set))
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
@@ -444,6 +450,10 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
     Without ``splits`` the rows are divided evenly. ``synchronize`` returns
     ``(received tensor, received splits as an int32 tensor)``.
+
+    Raises:
+        InvalidArgumentError: bad splits (see :func:`~spark_dl.common.ops.alltoall_splits`),
+            before anything is enqueued.
     """
     src = _source(tensor)
     split_list = _splits_list(splits, src, process_set)
