@@ -592,8 +592,9 @@ def _other_optimizer():
     ({"input_shapes": [[-1, 2, 3]]}, ValueError,
      "'features' has 4 value.s. per row, but shape \\[-1, 2, 3\\] takes 6"),
     ({"input_shapes": [[-1, 4], [-1, 1]]}, ValueError, "input_shapes has 2 shapes for 1"),
-    # A shape without the batch dimension (-1): it says the first dimension is the batch.
-    ({"input_shapes": [[4]]}, ValueError, r"first dimension of an input shape is the batch"),
+    # A shape fixing a batch size the batches do not have (one row's shape, [4], is read as
+    # [-1, 4]: test_torch_input_shapes.py): it says the first dimension is the batch.
+    ({"input_shapes": [[3, 4]]}, ValueError, r"first dimension of an input shape is the batch"),
     ({"model": torch.nn.Linear(3, 1)}, ValueError,
      r"(?s)the model cannot be applied to the training data.*\(2, 4\) float32"),
     # Three outputs for a scalar label under MSE: shapes per row and the likely fix.

@@ -116,6 +116,7 @@ class TorchEstimator(TorchEstimatorParamsAccessors, EstimatorBase):
     def _input_shapes(self, dataset: Dataset) -> List[List[int]]:
         features = self.getFeatureCols()
         shapes = self.getInputShapes() or util.default_input_shapes(features, dataset.columns)
+        shapes = util.batch_input_shapes(features, shapes, dataset.columns)
         for col, shape in zip(features, shapes):
             per_row = 1
             for d in dataset.columns[col]["shape"]:

@@ -49,7 +49,10 @@ class TorchModel(TorchModelParamsAccessors, ModelBase):
         if not isinstance(model, torch.nn.Module):
             raise ValueError("this TorchModel has no model: setModel(torch_module) first")
         features = self.getFeatureColumns()
+        # The rule fit applied (a model fitted before it, or built by hand, may hold a
+        # per-row shape such as [2]).
         shapes = self.getInputShapes() or util.default_input_shapes(features, specs)
+        shapes = util.batch_input_shapes(features, shapes, specs)
         return TorchPredictor(model, features, shapes, self.getBatchSize(),
                               use_gpu=self.getUseGpu())
 

@@ -4,7 +4,8 @@ transform.
 **Features.** Each feature column is one positional model input. Its values (whatever numeric
 type: float or double arrays, Spark ML vectors, integer or boolean scalars) are cast to the
 model's floating dtype (that of its first floating parameter) and reshaped to the column's
-input shape: ``input_shapes`` when given, else ``[-1, 1]`` for a scalar column and
+input shape: ``input_shapes`` when given (one row's shape, such as ``[2]``, read as
+``[-1, 2]``: :func:`batch_input_shapes`), else ``[-1, 1]`` for a scalar column and
 ``[-1, n]`` for a column of ``n`` values. ``fit`` (on the workers, and in the driver's dry run)
 and ``transform`` call the same :func:`feature_tensors`, so a model never sees float64 in one
 and float32 in the other.
@@ -26,7 +27,7 @@ from spark_dl.spark.common.metrics import metric_pairs
 from spark_dl.spark.common.prediction import torch_prediction_kind
 from spark_dl.torch import _device as tensor_device
 
-__all__ = ["model_dtype", "default_input_shapes", "torch_batch", "feature_tensors", "label_tensors",
+__all__ = ["model_dtype", "default_input_shapes", "batch_input_shapes", "torch_batch", "feature_tensors", "label_tensors",
            "match_outputs", "loss_mismatch", "per_row", "make_loss_fn", "metric_names", "describe", "predict"]
 
 
@@ -45,6 +46,24 @@ def numpy_dtype_name(dtype: torch.dtype) -> str:
 def default_input_shapes(feature_cols: Sequence[str], columns: Mapping[str, dict]) -> List[list]:
     """``[-1, 1]`` for scalar columns, ``[-1, *shape]`` otherwise."""
     return [[-1] + (list(columns[c]["shape"]) or [1]) for c in feature_cols]
+
+
+def batch_input_shapes(feature_cols: Sequence[str], input_shapes: Sequence[Sequence[int]],
+                       columns: Mapping[str, dict]) -> List[list]:
+    """The shapes batches are reshaped to, in ``fit`` and ``transform`` alike: a shape
+    without ``-1`` whose size is one row's (``[2]`` for a column of two values: Horovod's
+    per-row form, which a batch fits only with ``batch_size=1``) is read as ``[-1] + shape``,
+    so any batch fits it; other shapes as given (also where a column's row size is not
+    known)."""
+    out = []
+    for col, shape in zip(feature_cols, input_shapes):
+        shape = list(shape)
+        row = (columns.get(col) or {}).get("shape")
+        if -1 not in shape and row is not None and \
+                int(np.prod(shape, dtype=np.int64)) == int(np.prod(row, dtype=np.int64)):
+            shape = [-1] + shape
+        out.append(shape)
+    return out
 
 
 def torch_batch(arrays: Mapping[str, np.ndarray]) -> Dict[str, torch.Tensor]:
