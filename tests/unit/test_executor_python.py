@@ -25,6 +25,9 @@ def test_local_master_gets_this_interpreter_and_a_note(monkeypatch):
     assert use_driver_python(sc, out) is True
     assert sc.pythonExec == sys.executable
     assert "run this driver's Python" in out.getvalue() and "'python3'" in out.getvalue()
+    # The note promises the driver's Python for spark_dl's jobs only, not the user's UDFs.
+    assert "spark_dl's jobs on master 'local[2]'" in out.getvalue()
+    assert "your own UDFs may still run on 'python3'" in out.getvalue()
     assert use_driver_python(sc, out) is False  # already this interpreter
 
 

@@ -10,7 +10,9 @@ On a local master (``local``, ``local[N]``, ``local-cluster``) the executors run
 machine, so the driver's own interpreter is reachable: when nobody chose the executors'
 Python, :func:`use_driver_python` points the context at ``sys.executable`` for the jobs
 spark_dl submits (PySpark reads ``SparkContext.pythonExec`` whenever it wraps a function)
-and says so once. An explicit choice is never overridden.
+and says so once, for spark_dl's jobs only (functions PySpark wrapped before keep their
+Python, so the note does not promise it for the user's own UDFs). An explicit choice is
+never overridden.
 """
 
 import os
@@ -60,9 +62,12 @@ def use_driver_python(sc, out=None) -> bool:
     key = (id(sc), current)
     if key not in _noted:
         _noted.add(key)
-        print(f"spark_dl: executors of master {master!r} run this driver's Python "
+        # Only spark_dl's jobs are sure to get it: functions PySpark wrapped before (a UDF
+        # already used or registered) keep the Python they were wrapped with.
+        print(f"spark_dl: spark_dl's jobs on master {master!r} run this driver's Python "
               f"({sys.executable}) instead of {current!r}, which PYSPARK_PYTHON did not "
-              "choose; set PYSPARK_PYTHON (or spark.pyspark.python) to choose yourself",
+              f"choose; your own UDFs may still run on {current!r}: set PYSPARK_PYTHON "
+              "(or spark.pyspark.python) before the session starts to choose for every job",
               file=out or sys.stderr, flush=True)
     return True
 
