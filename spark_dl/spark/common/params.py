@@ -370,6 +370,12 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
     ParamSpec("categorical_cols", "Horovod's categorical feature columns", None,
               _columns("categorical_cols"), ignored="list every feature column in "
               "feature_cols"),
+    ParamSpec("transformation_edit_fields", "Horovod's Petastorm TransformSpec fields",
+              None, pickled=True, ignored="transformation_fn gets and returns a dict "
+              "column -> tensor: add keys there"),
+    ParamSpec("transformation_removed_fields", "Horovod's Petastorm TransformSpec fields",
+              None, pickled=True, ignored="transformation_fn gets and returns a dict "
+              "column -> tensor: drop keys there"),
     ParamSpec("prediction_kind", "what the model's output is, for the trained model's "
               "pyspark.ml prediction columns (see the model's prediction_kind; default: "
               "from the loss)", None, _choice("prediction_kind", PREDICTION_KINDS)),
@@ -383,7 +389,7 @@ MODEL_PARAMS: Tuple[ParamSpec, ...] = (
     ParamSpec("feature_columns", "feature columns, one model input each", None,
               _columns("feature_columns")),
     ParamSpec("label_columns", "label columns the model was trained on", None,
-              _columns("label_columns")),
+              _columns("label_columns"), aliases=("LabelColoumns",)),  # Horovod's spelling
     ParamSpec("output_cols", "columns transform() adds, one per model output (default: "
               "'<label>__output')", None, _columns("output_cols")),
     ParamSpec("history", "per-epoch training history: metric name -> list of values", None,

@@ -421,6 +421,24 @@ class EstimatorParamsAccessors:
         """Sets ``categorical_cols``: Horovod's categorical feature columns. Returns self."""
         return self._set(categorical_cols=value)
 
+    def getTransformationEditFields(self) -> Any:
+        """Gets ``transformation_edit_fields``: Horovod's Petastorm TransformSpec fields."""
+        return self.getOrDefault('transformation_edit_fields')
+
+    def setTransformationEditFields(self: _P, value: Any) -> _P:
+        """Sets ``transformation_edit_fields``: Horovod's Petastorm TransformSpec fields. Returns
+        self."""
+        return self._set(transformation_edit_fields=value)
+
+    def getTransformationRemovedFields(self) -> Any:
+        """Gets ``transformation_removed_fields``: Horovod's Petastorm TransformSpec fields."""
+        return self.getOrDefault('transformation_removed_fields')
+
+    def setTransformationRemovedFields(self: _P, value: Any) -> _P:
+        """Sets ``transformation_removed_fields``: Horovod's Petastorm TransformSpec fields. Returns
+        self."""
+        return self._set(transformation_removed_fields=value)
+
     def getPredictionKind(self) -> Optional[str]:
         """Gets ``prediction_kind``: what the model's output is, for the trained model's pyspark.ml
         prediction columns (see the model's prediction_kind; default: from the loss)."""
@@ -459,6 +477,14 @@ class ModelParamsAccessors:
         return self.getOrDefault('label_columns')
 
     def setLabelColumns(self: _P, value: Optional[List[str]]) -> _P:
+        """Sets ``label_columns``: label columns the model was trained on. Returns self."""
+        return self._set(label_columns=value)
+
+    def getLabelColoumns(self) -> Optional[List[str]]:
+        """Gets ``label_columns``: label columns the model was trained on."""
+        return self.getOrDefault('label_columns')
+
+    def setLabelColoumns(self: _P, value: Optional[List[str]]) -> _P:
         """Sets ``label_columns``: label columns the model was trained on. Returns self."""
         return self._set(label_columns=value)
 

@@ -6,7 +6,8 @@ Keras takes losses and metrics by name (``"mse"``) as well as objects, so the sh
 ``loss`` and ``metrics`` rows are refined here.
 """
 
-from spark_dl.spark.common.params import SCALE_LEARNING_RATE, ParamSpec, _bool, _dict, _list
+from spark_dl.spark.common.params import (SCALE_LEARNING_RATE, ParamSpec, _bool, _dict, _int,
+                                          _list)
 
 __all__ = ["KERAS_PARAMS", "KERAS_MODEL_PARAMS"]
 
@@ -51,6 +52,11 @@ KERAS_PARAMS = (
     ParamSpec("checkpoint_callback", "a keras.callbacks.ModelCheckpoint run on rank 0 each "
               "epoch; its files go to the run's directory in the store (the run's own "
               "checkpoint for resuming is written regardless)", None, pickled=True),
+    # Horovod's KerasEstimator rows that mean nothing with spark_dl's loader.
+    ParamSpec("tensorflow_dataset_prefetch_buffer_size", "Horovod's tf.data prefetch buffer "
+              "size", None, _int("tensorflow_dataset_prefetch_buffer_size"),
+              ignored="the Arrow loader's reader threads prefetch "
+              "(train_reader_num_workers, val_reader_num_workers)"),
 )
 
 #: ``KerasModel``'s rows beyond ``MODEL_PARAMS``.

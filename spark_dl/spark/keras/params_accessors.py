@@ -73,6 +73,16 @@ class KerasEstimatorParamsAccessors:
         written regardless). Returns self."""
         return self._set(checkpoint_callback=value)
 
+    def getTensorflowDatasetPrefetchBufferSize(self) -> Optional[int]:
+        """Gets ``tensorflow_dataset_prefetch_buffer_size``: Horovod's tf.data prefetch buffer
+        size."""
+        return self.getOrDefault('tensorflow_dataset_prefetch_buffer_size')
+
+    def setTensorflowDatasetPrefetchBufferSize(self: _P, value: Optional[int]) -> _P:
+        """Sets ``tensorflow_dataset_prefetch_buffer_size``: Horovod's tf.data prefetch buffer size.
+        Returns self."""
+        return self._set(tensorflow_dataset_prefetch_buffer_size=value)
+
 
 class KerasModelParamsAccessors:
     """Accessors of ``KERAS_MODEL_PARAMS`` (spark_dl.spark.keras.params)."""
