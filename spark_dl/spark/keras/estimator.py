@@ -146,8 +146,10 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
                 continue  # e.g. class indices against per-class scores
             if per_row != int(np.prod(shape or [1])):
                 raise ValueError(f"label column {col!r} has {per_row} values per row but its "
-                                 f"model output has shape {['batch'] + list(shape)}: make the "
-                                 "output match the label, or set label_shapes")
+                                 f"model output has shape {['batch'] + list(shape)}: give "
+                                 f"the model one output per label column with {per_row} "
+                                 f"units, e.g. keras.layers.Dense({per_row}) as its last "
+                                 "layer")
 
     def _dry_run(self, store, dataset: Dataset, fw: KerasSpec) -> List[str]:
         """Compiles a copy of the model and evaluates it on two training rows; returns the
@@ -170,20 +172,26 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
             model.compile(**compile_kwargs(fw, make_optimizer(fw)))
         except Exception as e:
             raise ValueError(f"the model cannot be compiled with loss {self.getLoss()!r} and "
-                             f"metrics {self.getMetrics()!r}: {type(e).__name__}: {e}") from e
+                             f"metrics {self.getMetrics()!r}: {type(e).__name__}: "
+                             f"{util.strip_ansi(str(e))}") from e
         try:
             logs = model.test_on_batch(util.pack(x), util.pack(y), sample_weight=w,
                                        return_dict=True)
         except Exception as e:
+            loss = self.getLoss() if self.getLoss() is not None else getattr(
+                self.getModel(), "loss", None)
+            advice = util.shape_advice(features, x, fw.input_specs, labels, y,
+                                       fw.output_shapes, list(model.output_names), loss)
+            fix = ("Likely fix:\n" + "\n".join(f"  - {a}" for a in advice) if advice else
+                   "Make the model's inputs and outputs match the columns (one input per "
+                   "feature column and one output per label column, in order).")
             raise ValueError(
                 f"the model cannot be evaluated on the training data: "
-                f"{type(e).__name__}: {e}\n"
+                f"{type(e).__name__}: {util.strip_ansi(str(e)).strip()}\n"
                 f"  inputs from feature columns {features}: {util.describe(x)} (model inputs "
                 f"{[['batch'] + s for _, s, _ in fw.input_specs]})\n"
                 f"  labels from label columns {labels}: {util.describe(y)} (model outputs "
-                f"{[['batch'] + s for s in fw.output_shapes]})\n"
-                "Make the model's inputs and outputs match the columns (one per column, in "
-                "order), or set label_shapes.") from e
+                f"{[['batch'] + s for s in fw.output_shapes]})\n" + fix) from e
         return [k for k in logs if k != "loss"]
 
     # ------------------------------------------------------------------ training

@@ -14,6 +14,7 @@ output's shape when the sizes agree (``label_shapes`` overrides), so a scalar la
 """
 
 import os
+import re
 import shutil
 import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -22,7 +23,7 @@ import numpy as np
 
 __all__ = ["model_to_bytes", "model_from_bytes", "check_round_trip", "input_specs",
            "output_shapes", "output_dtypes", "vector_dtype", "feature_arrays", "label_arrays",
-           "describe", "pack", "unpack_outputs"]
+           "describe", "pack", "unpack_outputs", "strip_ansi", "shape_advice"]
 
 
 def model_to_bytes(model) -> bytes:
@@ -181,6 +182,26 @@ _REGRESSION = {"mse", "mae", "mean_squared_error", "mean_absolute_error", "huber
                "log_cosh", "mean_squared_logarithmic_error", "msle"}
 
 
+def _loss_name(loss) -> Tuple[str, bool]:
+    """(lower-case name, from_logits) of one Keras loss: a name, a loss object or a
+    built-in loss function ("" for an unknown callable)."""
+    if isinstance(loss, str):
+        return loss.lower(), False
+    config = getattr(loss, "get_config", lambda: {})() or {}
+    fn = getattr(loss, "fn", loss)
+    name = getattr(fn, "__name__", "") or config.get("name", "") or ""
+    return name.lower(), bool(config.get("from_logits", False))
+
+
+def _loss_of_output(loss, index: int, output_name: str):
+    """The loss of output ``index`` when ``loss`` has one per output (else ``loss``)."""
+    if isinstance(loss, dict):
+        return loss.get(output_name)
+    if isinstance(loss, (list, tuple)):
+        return loss[index] if index < len(loss) else None
+    return loss
+
+
 def prediction_kind(loss) -> Optional[str]:
     """What the model's output means, from its Keras loss (a name, a loss object or a
     built-in loss function): None for several losses or an unknown one."""
@@ -188,15 +209,7 @@ def prediction_kind(loss) -> Optional[str]:
         if len(loss) != 1:
             return None
         loss = list(loss.values())[0] if isinstance(loss, dict) else loss[0]
-    from_logits = False
-    if isinstance(loss, str):
-        name = loss
-    else:
-        config = getattr(loss, "get_config", lambda: {})() or {}
-        from_logits = bool(config.get("from_logits", False))
-        fn = getattr(loss, "fn", loss)
-        name = getattr(fn, "__name__", "") or config.get("name", "")
-    name = name.lower()
+    name, from_logits = _loss_name(loss)
     if name in _REGRESSION:
         return "regression"
     kind = _CLASSIFICATION.get(name)
@@ -222,3 +235,58 @@ def custom_scope(custom_objects: Optional[Dict[str, Any]]):
     import keras
 
     return keras.saving.custom_object_scope(custom_objects or {})
+
+
+# Terminal colour and style codes (Keras bolds the error inside "Exception encountered when
+# calling ..."): they show as "[1m" in logs, notebooks and Spark's job output.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, bold)."""
+    return _ANSI.sub("", text)
+
+
+def _per_row(shape) -> int:
+    return int(np.prod([d for d in shape if d is not None] or [1]))
+
+
+def shape_advice(feature_cols: Sequence[str], x: Sequence[np.ndarray],
+                 in_specs: Sequence[Tuple[str, list, str]], label_cols: Sequence[str],
+                 y: Sequence[np.ndarray], out_shapes: Sequence[list], output_names: Sequence[str],
+                 loss) -> List[str]:
+    """The likely fixes, one line each, when a model cannot be evaluated on the columns'
+    rows: compares each column's values per row with its input's or output's size and
+    each integer label with its output's loss (empty when nothing stands out)."""
+    advice = []
+    for col, arr, (name, shape, _) in zip(feature_cols, x, in_specs):
+        have, want = _per_row(np.shape(arr)[1:]), _per_row(shape)
+        if None not in shape and have != want:
+            advice.append(f"feature column {col!r} has {have} values per row but model input "
+                          f"{name!r} takes {want} (shape {['batch'] + list(shape)}): declare "
+                          f"the input as keras.Input(shape=({have},)) or give it a column "
+                          f"of {want} values")
+    for i, (col, arr, shape) in enumerate(zip(label_cols, y, out_shapes)):
+        arr = np.asarray(arr)
+        have, units = _per_row(arr.shape[1:]), _per_row(shape)
+        loss_name, _ = _loss_name(_loss_of_output(
+            loss, i, output_names[i] if i < len(output_names) else ""))
+        integer = arr.dtype.kind in "iub" or (
+            arr.size and arr.dtype.kind == "f" and bool(np.all(np.mod(arr, 1) == 0)))
+        if have == 1 and units > 1 and integer and loss_name in (
+                "categorical_crossentropy", "categoricalcrossentropy"):
+            advice.append(f"label column {col!r} holds class indices (one integer per row) "
+                          f"and output {i} scores {units} classes: use "
+                          "loss='sparse_categorical_crossentropy' (or one-hot encode the "
+                          "labels for categorical_crossentropy)")
+        elif have == 1 and units > 1 and integer and "sparse_categorical" in loss_name:
+            continue  # class indices against per-class scores: as intended
+        elif have != units and None not in shape:
+            advice.append(f"label column {col!r} has {have} value(s) per row but output {i} "
+                          f"has {units} unit(s) (shape {['batch'] + list(shape)}): give the "
+                          f"model one output per label column with {have} unit(s), e.g. "
+                          f"keras.layers.Dense({have}) as its last layer"
+                          + (", and sparse_categorical_crossentropy for integer class "
+                             "labels against a softmax output" if have == 1 and integer
+                             else ""))
+    return advice
