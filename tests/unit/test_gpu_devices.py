@@ -149,3 +149,40 @@ def test_fallback_warning_only_where_asked():
     assert not seen
     with pytest.warns(GpuFallbackWarning, match="transform runs on the CPU"):
         choose_gpu(True, 0, 0, {}, what="transform")
+
+
+# ------------------------------------------------------------- use_gpu left at its default
+# The estimators pass None when use_gpu was not set: a GPU when there is one, and on a host
+# without one an info line instead of the GpuFallbackWarning an explicit use_gpu=True gives.
+
+
+def test_default_uses_a_gpu_when_there_is_one():
+    assert choose_gpu(None, 1, 2, {}) == 1
+    assert choose_gpu(None, 0, 2, spark_task(["1"])) == 0  # Spark's GPU, pinned
+
+
+def test_default_without_a_gpu_is_one_info_line_and_no_warning(capsys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        for _ in range(3):
+            assert choose_gpu(None, 0, 0, {}) is None
+        assert choose_gpu(None, 1, 0, {}, warn=False) is None
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines == ["spark_dl: no CUDA device here: training runs on the CPU "
+                     "(use_gpu=False chooses the CPU without this line)"]
+
+
+def test_default_with_a_spark_gpu_the_worker_cannot_see_still_fails():
+    with pytest.raises(GpuNotVisibleError):
+        choose_gpu(None, 0, 0, spark_task(["0"]))
+
+
+def test_only_an_explicit_use_gpu_reaches_the_workers():
+    pytest.importorskip("pyspark")
+    pytest.importorskip("torch")
+    from spark_dl.spark.torch import TorchEstimator
+
+    assert TorchEstimator()._use_gpu() is None
+    assert TorchEstimator().getUseGpu() is True  # Horovod's getter keeps its default
+    assert TorchEstimator(use_gpu=True)._use_gpu() is True
+    assert TorchEstimator(use_gpu=False)._use_gpu() is False

@@ -327,7 +327,7 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
             random_seed=self.getRandomSeed(), terminate_on_nan=self.getTerminateOnNan(),
             cache_all=self.getInMemoryCacheAll(),
             train_threads=self.getTrainReaderNumWorkers(),
-            val_threads=self.getValReaderNumWorkers(), use_gpu=self.getUseGpu(),
+            val_threads=self.getValReaderNumWorkers(), use_gpu=self._use_gpu(),
             verbose=verbose, run_id=run_id, shuffle=self.getShuffle() is not False)
         blob = _pickle_or_explain(spec)
         display = ProgressDisplay(verbose, listeners=[board.on_event,
@@ -364,6 +364,13 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
             display.print(f"{name}: run {run_id} done in {model.timings['total_s']:.1f}s"
                           + (f" (first training step after {first:.1f}s)" if first else ""))
         return model
+
+    def _use_gpu(self) -> Optional[bool]:
+        """The workers' ``use_gpu``: the value set, or None where it was left at its
+        default. Both use a GPU when there is one; only an explicit ``use_gpu=True`` (a
+        GPU asked for, Horovod's meaning) warns when there is none, the default says so in
+        one info line (:func:`~spark_dl.spark.launch.task.devices.choose_gpu`)."""
+        return self.getUseGpu() if self.isSet(self.getParam("use_gpu")) else None
 
     def _training_started_listener(self, ctx: dict):
         """A progress listener calling :meth:`_on_training_started` at the first step or

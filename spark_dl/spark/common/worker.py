@@ -62,7 +62,8 @@ class TrainSpec:
     cache_all: bool
     train_threads: int
     val_threads: int
-    use_gpu: bool
+    #: True, False, or None for the default (a GPU when there is one, see ``choose_gpu``).
+    use_gpu: Optional[bool]
     verbose: int
     run_id: str
     shuffle: bool = True

@@ -18,7 +18,9 @@ the rule is tested without a GPU:
 situation                              choice
 =====================================  ================================================
 ``use_gpu`` False                      CPU
-no CUDA device, Spark assigned none    CPU, with one :class:`GpuFallbackWarning`
+no CUDA device, Spark assigned none    CPU; with ``use_gpu=True`` one
+                                       :class:`GpuFallbackWarning`, with ``use_gpu``
+                                       left unset (None) one info line
 no CUDA device, Spark assigned some    :class:`GpuNotVisibleError` (Spark scheduled a
                                        GPU for the task, the worker cannot see one)
 the local-rank knob is set             ``local_rank % device_count``
@@ -45,7 +47,7 @@ __all__ = ["get_available_devices", "use_local_rank_gpu_index", "choose_gpu",
 #: The knob (``SDL_SPARK_USE_LOCAL_RANK_GPU_INDEX``) that picks the local rank's GPU.
 LOCAL_RANK_GPU_KNOB = "spark_use_local_rank_gpu_index"
 
-_warned = threading.Event()  # GpuFallbackWarning is given once per process
+_warned = threading.Event()  # the fallback is reported once per process
 
 
 class GpuNotVisibleError(RuntimeError):
@@ -99,20 +101,24 @@ def _ordinal(address: str, device_count: int, environ: Mapping[str, str]) -> int
         "SDL_SPARK_USE_LOCAL_RANK_GPU_INDEX=1 to use the local rank's GPU")
 
 
-def choose_gpu(use_gpu: bool, local_rank: int, device_count: int,
+def choose_gpu(use_gpu: Optional[bool], local_rank: int, device_count: int,
                environ: Optional[Mapping[str, str]] = None, warn: bool = True,
                what: str = "training",
                probe: str = "torch.cuda.is_available()") -> Optional[int]:
     """The CUDA ordinal this worker uses, or None for the CPU (rules: the module doc).
 
     Args:
-        use_gpu: the estimator's (or model's) ``use_gpu``.
+        use_gpu: the estimator's (or model's) ``use_gpu``; None (an estimator whose
+            ``use_gpu`` was left at its default) is "a GPU when there is one": the same
+            choice as True, but a host without one is a plain info line, not a warning
+            (the user did not ask for a GPU).
         local_rank: this worker's rank on its host (0 for ``transform``'s tasks).
         device_count: the CUDA devices this process sees (``torch.cuda.device_count()``
             when ``torch.cuda.is_available()``, else 0).
         environ: the environment to read (default ``os.environ``).
-        warn: give the :class:`GpuFallbackWarning` (once per process) when falling back
-            to the CPU; callers pass False on all but one worker of a host.
+        warn: report falling back to the CPU (once per process: the
+            :class:`GpuFallbackWarning`, or the info line for ``use_gpu=None``); callers
+            pass False on all but one worker of a host.
         what: what runs, for the messages (``"training"``, ``"transform"``).
         probe: the framework's own check that must see the GPU, for the error message
             (``tf.config.list_physical_devices('GPU')`` for Keras on TensorFlow).
@@ -122,7 +128,7 @@ def choose_gpu(use_gpu: bool, local_rank: int, device_count: int,
         ValueError: the local-rank knob has a value that is not a boolean.
     """
     environ = os.environ if environ is None else environ
-    if not use_gpu:
+    if use_gpu is not None and not use_gpu:
         return None
     assigned = get_available_devices(environ)
     local = use_local_rank_gpu_index(environ)
@@ -137,6 +143,10 @@ def choose_gpu(use_gpu: bool, local_rank: int, device_count: int,
                 f"run {what} on the CPU with use_gpu=False and no GPU resource request")
         if warn and not _warned.is_set():
             _warned.set()
+            if use_gpu is None:
+                print(f"spark_dl: no CUDA device here: {what} runs on the CPU (use_gpu=False "
+                      "chooses the CPU without this line)", flush=True)
+                return None
             # Located at "spark_dl" rather than a source line: the warning is one line in the
             # job's output (a worker's stderr), not the line of our code that gave it.
             warnings.warn_explicit(
