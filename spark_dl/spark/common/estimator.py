@@ -401,11 +401,14 @@ def _timings(ctx: dict, worker: dict) -> dict:
 
 
 def _pickle_or_explain(spec) -> bytes:
-    """cloudpickle of the TrainSpec; on failure, an error naming what cannot travel."""
-    from spark_dl.spark.launch.pickling import dumps_or_explain, pickler
+    """cloudpickle of the TrainSpec (the user's modules executors lack travel by value:
+    :mod:`~spark_dl.spark.common.shipping`); on failure, an error naming what cannot
+    travel."""
+    from spark_dl.spark.common.shipping import dumps_for_workers
+    from spark_dl.spark.launch.pickling import dumps_or_explain
 
     try:
-        return pickler().dumps(spec)
+        return dumps_for_workers(spec)
     except Exception as first:
         fields = dict(vars(spec))
         framework = fields.pop("framework")

@@ -129,7 +129,7 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
         from pyspark.sql import functions as F
 
         from spark_dl.spark.common.schema import _col
-        from spark_dl.spark.launch.pickling import pickler
+        from spark_dl.spark.common.shipping import dumps_for_workers
 
         features = self.getFeatureColumns()
         if not features:
@@ -155,7 +155,8 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
                              "predictionCol/probabilityCol/rawPredictionCol must differ")
         ml_kind = self.getPredictionKind() if ml_cols else None
 
-        shipped = _ship_predictor(df.sparkSession, pickler().dumps(predictor))
+        # The user's modules executors lack travel by value, as in fit (common.shipping).
+        shipped = _ship_predictor(df.sparkSession, dumps_for_workers(predictor))
         predict_udf = _make_udf(uuid.uuid4().hex, shipped, features, specs, kinds, types,
                                 ml_kind, len(ml_cols))
         inputs = []

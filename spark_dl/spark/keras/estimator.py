@@ -201,6 +201,8 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
         model = self.getModel()
         custom = self.getCustomObjects()
         model_bytes = util.check_round_trip(model, custom)
+        # Custom classes from the user's modules that executors lack travel with the spec.
+        custom = util.with_shipped_classes(model_bytes, custom)
         out_shapes = util.output_shapes(model)
         self._check_label_sizes(dataset, out_shapes)
         fw = KerasSpec(

@@ -61,7 +61,8 @@ class KerasModel(KerasModelParamsAccessors, ModelBase):
 
     def _predictor(self, specs) -> KerasPredictor:
         model = self._keras_model()
-        return KerasPredictor(util.model_to_bytes(model), self.getCustomObjects(),
+        data = util.model_to_bytes(model)
+        return KerasPredictor(data, util.with_shipped_classes(data, self.getCustomObjects()),
                               self.getFeatureColumns(), util.input_specs(model),
                               self.getBatchSize(), use_gpu=self.getUseGpu())
 

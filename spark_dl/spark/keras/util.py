@@ -13,6 +13,7 @@ output's shape when the sizes agree (``label_shapes`` overrides), so a scalar la
 ``(None, 1)`` output; float labels take the output's float type.
 """
 
+import io
 import os
 import re
 import shutil
@@ -23,7 +24,8 @@ import numpy as np
 
 __all__ = ["model_to_bytes", "model_from_bytes", "check_round_trip", "input_specs",
            "output_shapes", "output_dtypes", "vector_dtype", "feature_arrays", "label_arrays",
-           "describe", "pack", "unpack_outputs", "strip_ansi", "shape_advice"]
+           "describe", "pack", "unpack_outputs", "strip_ansi", "shape_advice",
+           "with_shipped_classes"]
 
 
 def model_to_bytes(model) -> bytes:
@@ -52,6 +54,49 @@ def model_from_bytes(data: bytes, custom_objects: Optional[dict] = None, compile
                                        safe_mode=False)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _config_classes(node, found: list) -> None:
+    """(module, class_name, registered_name) of every serialized object in a ``.keras``
+    config."""
+    if isinstance(node, dict):
+        if isinstance(node.get("module"), str) and isinstance(node.get("class_name"), str):
+            found.append((node["module"], node["class_name"], node.get("registered_name")))
+        for value in node.values():
+            _config_classes(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            _config_classes(value, found)
+
+
+def with_shipped_classes(model_bytes: bytes, custom_objects: Optional[dict]) -> Optional[dict]:
+    """``custom_objects`` plus the model's classes and functions from the user's modules
+    that executors cannot import (:func:`~spark_dl.spark.common.shipping.executors_lack`).
+
+    The ``.keras`` file names a custom class by module and name, and Keras imports that
+    module to load it: on workers without the module that fails. In ``custom_objects``
+    (pickled with the training spec, those modules by value) Keras finds them by name."""
+    import json
+    import sys
+    import zipfile
+
+    from spark_dl.spark.common.shipping import executors_lack
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(model_bytes)) as z:
+            config = json.loads(z.read("config.json"))
+    except (KeyError, ValueError, zipfile.BadZipFile):
+        return custom_objects
+    found: list = []
+    _config_classes(config, found)
+    merged = dict(custom_objects or {})
+    for module_name, class_name, registered in found:
+        module = sys.modules.get(module_name)
+        obj = getattr(module, class_name, None) if module is not None else None
+        key = registered or class_name
+        if obj is not None and key not in merged and executors_lack(module_name):
+            merged[key] = obj
+    return merged if merged or custom_objects is not None else None
 
 
 def _layer_hint(model) -> str:
