@@ -1,4 +1,5 @@
-"""``KerasEstimator(use_gpu=True)`` (the default) on a host where the Keras backend sees no
+"""``KerasEstimator(use_gpu=True)`` (asked for explicitly; the default says it in an info
+line instead, test_gpu_fallback.py) on a host where the Keras backend sees no
 GPU: the fit trains on the CPU and says so in one warning (rank 0's), not one per rank, as
 the torch estimator does (test_gpu_fallback.py); the trained model carries ``use_gpu`` and
 its ``transform`` predicts on the CPU, silently.

@@ -117,11 +117,12 @@ def _gpu_count(backend: str) -> int:
     return 0
 
 
-def _configure_devices(use_gpu: bool, local_rank: int, local_size: int,
+def _configure_devices(use_gpu: Optional[bool], local_rank: int, local_size: int,
                        warn: bool = True) -> str:
     """Picks this rank's device before the backend creates any, by the rule of
     :func:`~spark_dl.spark.launch.task.devices.choose_gpu` (Spark's GPU for the task, the
-    local rank's with the knob, the CPU with one warning when there is none; Spark's GPU
+    local rank's with the knob, the CPU with one warning, or for the default use_gpu=None
+    an info line, when there is none; Spark's GPU
     that the worker cannot see is a GpuNotVisibleError). TensorFlow: only that GPU is made
     visible, with memory growth, and CPU ranks of a host share its cores. Returns the
     device's name for the start-up report."""
