@@ -61,6 +61,15 @@ def test_a_feature_column_that_does_not_fit_its_input_names_both_sizes():
     assert "keras.Input(shape=(5,))" in text
 
 
+def test_a_sequential_models_bolded_error_comes_without_terminal_codes():
+    # Keras bolds the message of an error raised inside a layer's call with ANSI codes.
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    text = _dry_run_error(model, "mse", {"x": np.zeros((2, 4), np.float32),
+                                         "y": np.zeros((2,), np.float32)})
+    assert "Exception encountered when calling" in text and "\x1b" not in text
+    assert "feature column 'x' has 4 values per row" in text
+
+
 def test_terminal_codes_are_stripped():
     assert util.strip_ansi("\x1b[1mInput 0 is incompatible\x1b[0m\x1b[31m!\x1b[0m") == \
         "Input 0 is incompatible!"

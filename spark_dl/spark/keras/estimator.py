@@ -181,7 +181,8 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
             loss = self.getLoss() if self.getLoss() is not None else getattr(
                 self.getModel(), "loss", None)
             advice = util.shape_advice(features, x, fw.input_specs, labels, y,
-                                       fw.output_shapes, list(model.output_names), loss)
+                                       fw.output_shapes,
+                                       list(getattr(model, "output_names", None) or []), loss)
             fix = ("Likely fix:\n" + "\n".join(f"  - {a}" for a in advice) if advice else
                    "Make the model's inputs and outputs match the columns (one input per "
                    "feature column and one output per label column, in order).")
