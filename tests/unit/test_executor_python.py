@@ -33,10 +33,17 @@ def test_local_master_gets_this_interpreter_and_a_note(monkeypatch):
 
 def test_a_choice_or_a_cluster_master_is_left_alone(monkeypatch):
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
-    for sc in (FakeContext("spark://host:7077"), FakeContext("yarn"),
-               FakeContext("local[2]", {"spark.pyspark.python": "/opt/py/bin/python"})):
+    for sc in (FakeContext("spark://host:7077"), FakeContext("yarn")):
         assert use_driver_python(sc, io.StringIO()) is False
         assert sc.pythonExec == "python3"
+    # spark.pyspark.python chose: PySpark alone would ignore the conf in a program started
+    # as `python` (it reads PYSPARK_PYTHON), so spark_dl's jobs take the choice, never the
+    # driver's interpreter (a packed venv's ./env/bin/python: docs/install.md).
+    for master in ("local[2]", "yarn"):
+        sc = FakeContext(master, {"spark.pyspark.python": "./env/bin/python"})
+        assert use_driver_python(sc, io.StringIO()) is True
+        assert sc.pythonExec == "./env/bin/python"
+        assert use_driver_python(sc, io.StringIO()) is False
     monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")
     sc = FakeContext("local-cluster[2,1,1024]")
     assert use_driver_python(sc, io.StringIO()) is False and sc.pythonExec == "python3"
