@@ -78,12 +78,6 @@ LIGHTNING_PARAMS = (
     ParamSpec("val_async_data_loader_queue_size", "Horovod's async loader queue size", None,
               _int("val_async_data_loader_queue_size"),
               ignored="the Arrow loader's reader threads prefetch (val_reader_num_workers)"),
-    ParamSpec("transformation_edit_fields", "Horovod's Petastorm TransformSpec fields",
-              None, pickled=True, ignored="transformation_fn gets and returns a dict "
-              "column -> tensor: add keys there"),
-    ParamSpec("transformation_removed_fields", "Horovod's Petastorm TransformSpec fields",
-              None, pickled=True, ignored="transformation_fn gets and returns a dict "
-              "column -> tensor: drop keys there"),
     ParamSpec("loss_constructors", "Horovod's loss factories", None, pickled=True,
               ignored="Horovod's Lightning estimator does not use them either: pass loss= "
               "or compute the loss in training_step"),

@@ -139,24 +139,6 @@ class LightningEstimatorParamsAccessors:
         self."""
         return self._set(val_async_data_loader_queue_size=value)
 
-    def getTransformationEditFields(self) -> Any:
-        """Gets ``transformation_edit_fields``: Horovod's Petastorm TransformSpec fields."""
-        return self.getOrDefault('transformation_edit_fields')
-
-    def setTransformationEditFields(self: _P, value: Any) -> _P:
-        """Sets ``transformation_edit_fields``: Horovod's Petastorm TransformSpec fields. Returns
-        self."""
-        return self._set(transformation_edit_fields=value)
-
-    def getTransformationRemovedFields(self) -> Any:
-        """Gets ``transformation_removed_fields``: Horovod's Petastorm TransformSpec fields."""
-        return self.getOrDefault('transformation_removed_fields')
-
-    def setTransformationRemovedFields(self: _P, value: Any) -> _P:
-        """Sets ``transformation_removed_fields``: Horovod's Petastorm TransformSpec fields. Returns
-        self."""
-        return self._set(transformation_removed_fields=value)
-
     def getLossConstructors(self) -> Any:
         """Gets ``loss_constructors``: Horovod's loss factories."""
         return self.getOrDefault('loss_constructors')
