@@ -80,6 +80,10 @@ def test_link_down_cuts_the_host_off_and_up_restores_it(cluster):
 def test_kill_all_ends_every_process_of_a_host(cluster):
     h2 = cluster.hosts[2]
     procs = [h2.popen(["sleep", "100"]) for _ in range(3)]
+    # nsenter enters the namespace after the fork: wait (bounded) until all three are in.
+    deadline = time.monotonic() + 10
+    while len(h2.processes()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(h2.processes()) >= 3
     assert h2.kill_all() >= 3
     for p in procs:
