@@ -33,7 +33,7 @@ __all__ = [
 
 # What the core reduces; anything else is refused here, before any rank enqueues a part of a group.
 _SUPPORTED_DTYPES = frozenset([
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+    torch.uint8, torch.int8, torch.uint16, torch.int16, torch.int32, torch.int64, torch.float16,
     torch.bfloat16, torch.float32, torch.float64, torch.bool,
 ])
 
@@ -51,8 +51,8 @@ def _check(tensor, what="tensor"):
         _device.check_device(tensor, what)  # CUDA once the core takes it; others never
     if tensor.dtype not in _SUPPORTED_DTYPES:
         raise InvalidArgumentError(
-            f"{what} has dtype {tensor.dtype}; supported: uint8, int8, int16, int32, int64, "
-            "float16, bfloat16, float32, float64, bool")
+            f"{what} has dtype {tensor.dtype}; supported: uint8, int8, uint16, int16, int32, "
+            "int64, float16, bfloat16, float32, float64, bool")
 
 
 def _source(tensor, what="tensor"):

@@ -174,6 +174,7 @@ void Reduce(void* out, const void* a, const void* b, size_t n, DataType dt, Redu
     case DataType::kUInt8: return ReduceTyped<uint8_t>(out, a, b, n, op);
     case DataType::kInt8: return ReduceTyped<int8_t>(out, a, b, n, op);
     case DataType::kInt16: return ReduceTyped<int16_t>(out, a, b, n, op);
+    case DataType::kUInt16: return ReduceTyped<uint16_t>(out, a, b, n, op);
     case DataType::kInt32: return ReduceTyped<int32_t>(out, a, b, n, op);
     case DataType::kInt64: return ReduceTyped<int64_t>(out, a, b, n, op);
     case DataType::kFloat32: return ReduceTyped<float>(out, a, b, n, op);
@@ -232,6 +233,7 @@ void Scale(void* buf, size_t n, DataType dt, double factor) {
     case DataType::kUInt8: return ScaleInt<uint8_t>(buf, n, factor);
     case DataType::kInt8: return ScaleInt<int8_t>(buf, n, factor);
     case DataType::kInt16: return ScaleInt<int16_t>(buf, n, factor);
+    case DataType::kUInt16: return ScaleInt<uint16_t>(buf, n, factor);
     case DataType::kInt32: return ScaleInt<int32_t>(buf, n, factor);
     case DataType::kInt64: return ScaleInt<int64_t>(buf, n, factor);
     case DataType::kUInt64: return ScaleInt<uint64_t>(buf, n, factor);

@@ -20,7 +20,8 @@ const char* MemoryKindName(DeviceType kind) {
 size_t DataTypeSize(DataType dt) {
   switch (dt) {
     case DataType::kUInt8: case DataType::kInt8: case DataType::kBool: return 1;
-    case DataType::kInt16: case DataType::kFloat16: case DataType::kBFloat16: return 2;
+    case DataType::kInt16: case DataType::kUInt16: case DataType::kFloat16:
+    case DataType::kBFloat16: return 2;
     case DataType::kInt32: case DataType::kFloat32: return 4;
     case DataType::kInt64: case DataType::kFloat64: case DataType::kUInt64: return 8;
   }
@@ -32,6 +33,7 @@ const char* DataTypeName(DataType dt) {
     case DataType::kUInt8: return "uint8";
     case DataType::kInt8: return "int8";
     case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
     case DataType::kFloat16: return "float16";

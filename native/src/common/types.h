@@ -10,7 +10,8 @@ namespace sdl {
 
 enum class DataType : uint8_t {
   kUInt8, kInt8, kInt16, kInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64, kBool,
-  kUInt64,  // internal: negotiation bit vectors
+  kUInt16,
+  kUInt64,  // internal: negotiation bit vectors; kept last (tables are sized by it)
 };
 
 enum class ReduceOp : uint8_t {

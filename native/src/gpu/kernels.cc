@@ -22,6 +22,7 @@ const char* ScaledKernelName(DataType dt) {
     case DataType::kUInt8: return "sdl_scaled_copy_u8";
     case DataType::kInt8: return "sdl_scaled_copy_i8";
     case DataType::kInt16: return "sdl_scaled_copy_i16";
+    case DataType::kUInt16: return "sdl_scaled_copy_u16";
     case DataType::kInt32: return "sdl_scaled_copy_i32";
     case DataType::kInt64: return "sdl_scaled_copy_i64";
     case DataType::kUInt64: return "sdl_scaled_copy_u64";

@@ -62,6 +62,7 @@ void Run(const std::vector<CopySpan>& spans, DataType dt, double scale, int64_t 
     case DataType::kUInt8: return RunScaled<uint8_t>(spans, scale, divisor, grid_cap);
     case DataType::kInt8: return RunScaled<int8_t>(spans, scale, divisor, grid_cap);
     case DataType::kInt16: return RunScaled<int16_t>(spans, scale, divisor, grid_cap);
+    case DataType::kUInt16: return RunScaled<uint16_t>(spans, scale, divisor, grid_cap);
     case DataType::kInt32: return RunScaled<int32_t>(spans, scale, divisor, grid_cap);
     case DataType::kInt64: return RunScaled<int64_t>(spans, scale, divisor, grid_cap);
     case DataType::kUInt64: return RunScaled<uint64_t>(spans, scale, divisor, grid_cap);
@@ -82,6 +83,7 @@ void Fill(void* p, size_t n, DataType dt, std::mt19937_64& rng) {
       case DataType::kUInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v + 40); break;
       case DataType::kInt8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
       case DataType::kInt16: static_cast<int16_t*>(p)[i] = static_cast<int16_t>(v * 20); break;
+      case DataType::kUInt16: static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(v * 20 + 800); break;
       case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v * 1e4); break;
       case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v * 1e9); break;
       case DataType::kUInt64: static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(v * 1e9 + 5e10); break;
@@ -112,6 +114,7 @@ void Reference(std::string* ref, size_t n, DataType dt, double scale, int64_t di
       case DataType::kUInt8: div(static_cast<uint8_t*>(p)); break;
       case DataType::kInt8: div(static_cast<int8_t*>(p)); break;
       case DataType::kInt16: div(static_cast<int16_t*>(p)); break;
+      case DataType::kUInt16: div(static_cast<uint16_t*>(p)); break;
       case DataType::kInt32: div(static_cast<int32_t*>(p)); break;
       case DataType::kInt64: div(static_cast<int64_t*>(p)); break;
       case DataType::kUInt64: div(static_cast<uint64_t*>(p)); break;
@@ -173,7 +176,8 @@ int main() {
   const std::vector<size_t> odd = {1, 3, 7, 8, 9, 15, 17, 1023, 4097, 8191, 16387, 65537, 300001};
   std::vector<size_t> many;  // more spans than one launch holds (128)
   for (int i = 0; i < 300; ++i) many.push_back(static_cast<size_t>((i * 37) % 700 + 1));
-  const DataType all[] = {DataType::kUInt8, DataType::kInt8, DataType::kInt16, DataType::kInt32,
+  const DataType all[] = {DataType::kUInt8, DataType::kInt8, DataType::kUInt16, DataType::kInt16,
+                          DataType::kInt32,
                           DataType::kInt64, DataType::kUInt64, DataType::kFloat16,
                           DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64};
   for (DataType dt : all) {

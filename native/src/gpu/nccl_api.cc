@@ -153,6 +153,7 @@ Status NcclReduceType(DataType dt, ReduceOp op, ncclDataType_t* out) {
       *out = ncclUint8;  // 0/1 values: max = or, min = product = and
       return Status::OK();
     case DataType::kInt16:
+    case DataType::kUInt16:
       break;
   }
   return Status::Invalid(std::string("NCCL has no ") + DataTypeName(dt) +

@@ -39,6 +39,7 @@ void ApplyScaling(void* buf, size_t n, DataType dt, const Scaling& s) {
       case DataType::kUInt8: SDL_DIV(uint8_t, uint64_t)
       case DataType::kInt8: SDL_DIV(int8_t, int64_t)
       case DataType::kInt16: SDL_DIV(int16_t, int64_t)
+      case DataType::kUInt16: SDL_DIV(uint16_t, uint64_t)
       case DataType::kInt32: SDL_DIV(int32_t, int64_t)
       case DataType::kInt64: SDL_DIV(int64_t, int64_t)
       case DataType::kUInt64: SDL_DIV(uint64_t, uint64_t)

@@ -98,6 +98,7 @@ DataType FromDLPack(nb::dlpack::dtype t) {
     if (code == C::Int && t.bits == 32) return DataType::kInt32;
     if (code == C::Int && t.bits == 64) return DataType::kInt64;
     if (code == C::UInt && t.bits == 8) return DataType::kUInt8;
+    if (code == C::UInt && t.bits == 16) return DataType::kUInt16;
     if (code == C::Float && t.bits == 16) return DataType::kFloat16;
     if (code == C::Float && t.bits == 32) return DataType::kFloat32;
     if (code == C::Float && t.bits == 64) return DataType::kFloat64;
@@ -106,8 +107,8 @@ DataType FromDLPack(nb::dlpack::dtype t) {
   }
   throw Error(ErrorCode::kInvalidArgument,
               "unsupported tensor dtype (DLPack code " + std::to_string(t.code) + ", " +
-                  std::to_string(t.bits) + " bits); supported: uint8, int8, int16, int32, "
-                  "int64, float16, bfloat16, float32, float64, bool");
+                  std::to_string(t.bits) + " bits); supported: uint8, int8, uint16, int16, "
+                  "int32, int64, float16, bfloat16, float32, float64, bool");
 }
 
 nb::dlpack::dtype ToDLPack(DataType dt) {
@@ -118,7 +119,7 @@ nb::dlpack::dtype ToDLPack(DataType dt) {
   switch (dt) {
     case DataType::kInt8: case DataType::kInt16: case DataType::kInt32: case DataType::kInt64:
       t.code = static_cast<uint8_t>(C::Int); break;
-    case DataType::kUInt8: case DataType::kUInt64: t.code = static_cast<uint8_t>(C::UInt); break;
+    case DataType::kUInt8: case DataType::kUInt16: case DataType::kUInt64: t.code = static_cast<uint8_t>(C::UInt); break;
     case DataType::kFloat16: case DataType::kFloat32: case DataType::kFloat64:
       t.code = static_cast<uint8_t>(C::Float); break;
     case DataType::kBFloat16: t.code = static_cast<uint8_t>(C::Bfloat); break;
@@ -396,7 +397,8 @@ NB_MODULE(SDL_MODULE_NAME, m) {
       {"shutdown", ErrorCode::kShutdown}, {"not_initialized", ErrorCode::kNotInitialized},
       {"duplicate_name", ErrorCode::kDuplicateName}, {"timeout", ErrorCode::kTimeout}};
   for (auto& [n, c] : codes) error_codes[n] = static_cast<int>(c);
-  for (DataType d : {DataType::kUInt8, DataType::kInt8, DataType::kInt16, DataType::kInt32,
+  for (DataType d : {DataType::kUInt8, DataType::kInt8, DataType::kUInt16, DataType::kInt16,
+                     DataType::kInt32,
                      DataType::kInt64, DataType::kFloat16, DataType::kBFloat16,
                      DataType::kFloat32, DataType::kFloat64, DataType::kBool})
     dtypes[DataTypeName(d)] = static_cast<int>(d);
