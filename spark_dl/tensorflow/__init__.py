@@ -18,18 +18,31 @@ See docs/keras.md.
 """
 
 from spark_dl.common.exceptions import (  # noqa: F401
-    DuplicateNameError, HorovodInternalError, InvalidArgumentError, MismatchError,
-    NotInitializedError, OpTimeoutError, PeerFailureError, SdlError, ShutdownError)
+    DuplicateNameError, HorovodInternalError, NotInitializedError, OpTimeoutError,
+    PeerFailureError, SdlError, ShutdownError)
+from spark_dl.tensorflow.errors import InvalidArgumentError, MismatchError  # noqa: F401
 from spark_dl.tensorflow.compression import Compression  # noqa: F401
 from spark_dl.tensorflow.functions import (  # noqa: F401
-    allgather_object, broadcast_object, broadcast_variables)
-from spark_dl.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+    allgather_object, broadcast_global_variables, broadcast_object, broadcast_variables)
+from spark_dl.tensorflow.gradient_tape import (  # noqa: F401
+    DistributedGradientTape, PartialDistributedGradientTape)
 from spark_dl.tensorflow.mpi_ops import *  # noqa: F401,F403
 from spark_dl.tensorflow.mpi_ops import __all__ as _ops_all
+from spark_dl.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
 
 __all__ = list(_ops_all) + [
-    "Compression", "DistributedGradientTape", "broadcast_variables", "broadcast_object",
-    "allgather_object", "SdlError", "HorovodInternalError", "PeerFailureError", "MismatchError",
-    "DuplicateNameError", "InvalidArgumentError", "NotInitializedError", "OpTimeoutError",
-    "ShutdownError",
+    "Compression", "DistributedGradientTape", "PartialDistributedGradientTape",
+    "DistributedOptimizer", "SyncBatchNormalization", "broadcast_variables",
+    "broadcast_global_variables", "broadcast_object", "allgather_object", "SdlError",
+    "HorovodInternalError", "PeerFailureError", "MismatchError", "DuplicateNameError",
+    "InvalidArgumentError", "NotInitializedError", "OpTimeoutError", "ShutdownError",
 ]
+
+
+def __getattr__(name):
+    # Keras-based, imported on first use: ``import spark_dl.tensorflow`` does not import
+    # Keras (nor fix its backend) for programs that use plain TensorFlow only.
+    if name == "SyncBatchNormalization":
+        from spark_dl.keras.sync_batch_norm import SyncBatchNormalization
+        return SyncBatchNormalization
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

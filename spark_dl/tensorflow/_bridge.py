@@ -24,8 +24,9 @@ import numpy as np
 import tensorflow as tf
 
 from spark_dl.common import ops as _ops
-from spark_dl.common.exceptions import InvalidArgumentError
+from spark_dl.common.exceptions import SdlError
 from spark_dl.common.handles import CompositeHandle
+from spark_dl.tensorflow.errors import XlaNotSupportedError, as_tf_error
 
 __all__ = ["call", "run_collective", "XLA_MESSAGE", "XlaNotSupportedError"]
 
@@ -38,14 +39,6 @@ try:  # TensorFlow-internal, stable since TF 1.x; without it the check is skippe
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla
 except ImportError:  # pragma: no cover
     _in_xla = None
-
-
-class XlaNotSupportedError(InvalidArgumentError):
-    """A collective was traced inside an XLA-compiled function."""
-
-    # AutoGraph re-raises errors from traced code as its StagingError unless the type is
-    # constructible from the message alone; with this __init__ it keeps this type.
-    __init__ = Exception.__init__
 
 
 def _check_not_xla():
@@ -139,7 +132,16 @@ def call(body, tensors, out_dtypes=None, out_shapes=None, op_name="SdlCollective
                 out_dtypes[i], restore[i] = tf.float32, tf.bfloat16
 
     def _body(*arrays):
-        outs = body(*arrays)
+        try:
+            outs = body(*arrays)
+        except SdlError as e:
+            # Eagerly this very exception reaches the caller; inside tf.function TensorFlow
+            # turns it into a status (an argument error, a ValueError, becomes
+            # tf.errors.InvalidArgumentError; spark_dl.tensorflow.errors explains the rest).
+            twin = as_tf_error(e)
+            if twin is e:
+                raise
+            raise twin.with_traceback(e.__traceback__) from None
         # numpy_function checks the dtypes exactly: scalars come back as 0-d arrays.
         return [np.asarray(o, dtype=dt.as_numpy_dtype) for o, dt in zip(outs, out_dtypes)]
 

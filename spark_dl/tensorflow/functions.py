@@ -7,7 +7,8 @@ from spark_dl.common.objects import allgather_object, broadcast_object  # noqa: 
 from spark_dl.common.process_sets import global_process_set
 from spark_dl.tensorflow.mpi_ops import _broadcast_raw, _check_root
 
-__all__ = ["broadcast_variables", "broadcast_object", "allgather_object"]
+__all__ = ["broadcast_variables", "broadcast_global_variables", "broadcast_object",
+           "allgather_object"]
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False,
@@ -32,3 +33,20 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     if tf.executing_eagerly():
         return None
     return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_global_variables(root_rank):
+    """Broadcasts TensorFlow's global variables (``tf.compat.v1.global_variables()``) from
+    ``root_rank``; in graph mode only, as in Horovod.
+
+    Raises:
+        RuntimeError: when executing eagerly (TensorFlow 2 has no global variable
+            collection there): use ``broadcast_variables(model.variables, root_rank)``.
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "broadcast_global_variables() does not support eager execution: TensorFlow 2 "
+            "keeps no global variables. Use spark_dl.tensorflow.broadcast_variables("
+            "<model/optimizer variables>, root_rank) instead (Keras: "
+            "spark_dl.keras.broadcast_global_variables(root_rank, model)).")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)

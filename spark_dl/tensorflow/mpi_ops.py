@@ -25,8 +25,8 @@ from spark_dl.common.basics import (  # noqa: F401 - re-exported
     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from spark_dl.common import ops as _ops
-from spark_dl.common.exceptions import InvalidArgumentError
 from spark_dl.common.handles import synchronize
+from spark_dl.common.native import core as _core
 from spark_dl.common.ops import (  # noqa: F401 - re-exported
     Adasum, Average, Max, Min, Product, Sum, alltoall_splits, even_splits, group_name,
     resolve_op, set_rank, set_size)
@@ -34,6 +34,7 @@ from spark_dl.common.process_sets import (  # noqa: F401 - re-exported
     ProcessSet, add_process_set, global_process_set, remove_process_set)
 from spark_dl.tensorflow._bridge import call, run_collective
 from spark_dl.tensorflow.compression import Compression
+from spark_dl.tensorflow.errors import InvalidArgumentError, translate_errors
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
@@ -43,8 +44,8 @@ __all__ = [
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
-    "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
-    "size_op", "rank_op", "local_size_op", "local_rank_op",
+    "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier", "broadcast_",
+    "size_op", "rank_op", "local_size_op", "local_rank_op", "process_set_included_op",
 ]
 
 
@@ -150,11 +151,23 @@ def _allreduce_diff(tensors, op, prescale, postscale, name, process_set, grouped
     return list(fn(*tensors))
 
 
+def _check_sparse(op, prescale, postscale):
+    """What Horovod refuses for ``tf.IndexedSlices`` (gathered, not reduced), refused alike."""
+    if op == Adasum:
+        raise NotImplementedError(
+            "the Adasum reduction does not support tf.IndexedSlices; pass sparse_as_dense=True "
+            "to DistributedOptimizer / DistributedGradientTape, or convert the slices with "
+            "tf.convert_to_tensor")
+    if op not in (Sum, Average):
+        raise NotImplementedError("only op=Sum and Average are supported with tf.IndexedSlices; "
+                                  "convert the slices with tf.convert_to_tensor for other ops")
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError("prescale_factor / postscale_factor are not supported with "
+                                  "tf.IndexedSlices; scale the slices' values yourself")
+
+
 def _sparse_allreduce(slices, op, name, process_set):
     """IndexedSlices: every rank's rows and indices gathered (Horovod's sparse allreduce)."""
-    if op not in (Sum, Average):
-        raise InvalidArgumentError("allreduce of tf.IndexedSlices supports op=Sum and Average "
-                                   "only; convert the slices to a dense tensor for other ops")
     values, indices = grouped_allgather([slices.values, slices.indices], name=name,
                                         process_set=process_set)
     if op == Average:
@@ -177,8 +190,11 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="",
         device_dense, device_sparse, ignore_name_scope: accepted for Horovod
             compatibility; spark_dl places tensors where they are.
     """
+    if isinstance(tensor, tf.IndexedSlices) and op == Adasum:
+        _check_sparse(op, prescale_factor, postscale_factor)  # Horovod's error, not ours
     op = resolve_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
+        _check_sparse(op, prescale_factor, postscale_factor)
         return _sparse_allreduce(tensor, op, name, process_set)
     wire, ctx = compression.compress(tf.convert_to_tensor(tensor))
     out, = _allreduce_diff([wire], op, prescale_factor, postscale_factor, name, process_set,
@@ -191,11 +207,15 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       postscale_factor=1.0, process_set=global_process_set,
                       ignore_name_scope=False, name=None):
     """Reduces a list of tensors as one unit (one op, one fused collective); returns the list."""
-    op = resolve_op(average, op)
     tensors = list(tensors)
+    sparse = any(isinstance(t, tf.IndexedSlices) for t in tensors)
+    if sparse and op == Adasum:
+        _check_sparse(op, prescale_factor, postscale_factor)  # Horovod's error, not ours
+    op = resolve_op(average, op)
     if not tensors:
         return []
-    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+    if sparse:
+        _check_sparse(op, prescale_factor, postscale_factor)
         return [allreduce(t, op=op, compression=compression, prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor,
                           name=None if name is None else f"{name}.{i}",
@@ -307,6 +327,29 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     return fn(tensor)
 
 
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Overwrites each of ``variables`` with ``root_rank``'s value, in place (Horovod's
+    ``broadcast_``), as one op for all of them.
+
+    Args:
+        variables: ``tf.Variable`` (or Keras 3 variables), the same list on every member.
+        root_rank: the global rank (a member of ``process_set``) whose values everyone takes.
+
+    Returns:
+        The variables' new values (a list of tensors), eagerly and inside ``tf.function``.
+    """
+    _check_root(root_rank, process_set)
+    variables = list(variables)
+    if not variables:
+        return []
+    values = _broadcast_raw([tf.convert_to_tensor(v) for v in variables], root_rank,
+                            name or "broadcast_", process_set)
+    for v, x in zip(variables, values):
+        v.assign(x)
+    # Inside tf.function the reads follow the assignments (automatic control dependencies).
+    return [tf.identity(tf.convert_to_tensor(v)) for v in variables]
+
+
 # ----------------------------------------------------------------------------- alltoall
 
 def _alltoall_raw(tensor, splits, name, process_set):
@@ -329,12 +372,14 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     """Sends ``splits[j]`` rows (dimension 0) of ``tensor`` to member j.
 
     Returns:
-        ``(received tensor, received splits)``: rows in rank order, and how many came
-        from each member. Without ``splits`` the rows are divided evenly.
+        As Horovod: without ``splits`` (the rows divided evenly) the received tensor alone;
+        with ``splits``, ``(received tensor, received splits)``: rows in rank order, and how
+        many came from each member.
     """
     tensor = tf.convert_to_tensor(tensor)
     n = set_size(process_set)
-    if splits is None:
+    given = splits is not None
+    if not given:
         if tensor.shape.rank == 0:
             raise InvalidArgumentError("alltoall needs a tensor with at least one dimension")
         rows = tensor.shape[0]
@@ -345,7 +390,8 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     # Not cast: float splits must reach the check in _alltoall_raw as floats.
     splits = tf.convert_to_tensor(splits)
     if not _differentiable([tensor]):
-        return _alltoall_raw(tensor, splits, name, process_set)
+        out, received = _alltoall_raw(tensor, splits, name, process_set)
+        return (out, received) if given else out
 
     @tf.custom_gradient
     def fn(x):
@@ -356,7 +402,8 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
             return back
         return (y, received), grad
 
-    return fn(tensor)
+    out, received = fn(tensor)
+    return (out, received) if given else out
 
 
 # ----------------------------------------------------------------------------- reducescatter
@@ -452,9 +499,48 @@ def barrier(process_set=global_process_set):
 
 # ----------------------------------------------------------------------------- topology as ops
 
+def _set_ranks(process_set_id):
+    """The members of the registered set ``process_set_id`` (0: every rank)."""
+    if int(process_set_id) == 0:
+        return list(range(size()))
+    try:
+        return list(_core.process_set_ranks(int(process_set_id)))
+    except _core.CoreError as e:
+        raise InvalidArgumentError(
+            f"process_set_id={process_set_id}: {e.args[-1]}"
+        ) from None
+
+
+def _topology_op(value_fn, process_set_id, name, op_name):
+    """An int32 scalar op that reads ``value_fn(process_set_id)`` when it runs (sets are
+    added and removed at run time), checked once when built."""
+    value_fn(process_set_id)  # unknown ids fail here, eagerly or while tracing
+    out, = call(lambda _unused: [np.int32(value_fn(process_set_id))], [tf.constant(0, tf.int32)],
+                out_dtypes=[tf.int32], out_shapes=[[]], op_name=op_name)
+    return tf.identity(out, name=name) if name else out
+
+
 def size_op(process_set_id=0, name=None):
-    """The number of ranks as an int32 tensor (Horovod's ``size_op``; a constant here)."""
-    return tf.constant(size(), tf.int32, name=name)
+    """The number of ranks (of process set ``process_set_id``; 0 is every rank) as an int32
+    tensor, read when the op runs, as Horovod's ``size_op``.
+
+    Raises:
+        InvalidArgumentError: no process set with that id is registered.
+    """
+    return _topology_op(lambda i: len(_set_ranks(i)), process_set_id, name, "SdlSize")
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 when this rank is a member of process set ``process_set_id`` (0 is every rank),
+    else 0, as an int32 tensor read when the op runs.
+
+    Horovod returns a negative error code for an unknown id; spark_dl raises instead.
+
+    Raises:
+        InvalidArgumentError: no process set with that id is registered.
+    """
+    return _topology_op(lambda i: int(rank() in _set_ranks(i)), process_set_id, name,
+                        "SdlProcessSetIncluded")
 
 
 def rank_op(name=None):
@@ -470,3 +556,12 @@ def local_size_op(name=None):
 def local_rank_op(name=None):
     """This process's rank on its host as an int32 tensor."""
     return tf.constant(local_rank(), tf.int32, name=name)
+
+
+# Errors of the core leave every collective as spark_dl.tensorflow.errors types (both
+# TensorFlow's and spark_dl's), whether raised while building the op or while it runs.
+for _name in ("allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+              "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join",
+              "barrier", "size_op", "process_set_included_op"):
+    globals()[_name] = translate_errors(globals()[_name])
+del _name
