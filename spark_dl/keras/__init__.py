@@ -30,7 +30,9 @@ from spark_dl.common.process_sets import (  # noqa: F401
 from spark_dl.keras import _backend, callbacks  # noqa: F401
 from spark_dl.keras._variables import broadcast_global_variables, broadcast_variables
 from spark_dl.keras.compression import Compression  # noqa: F401
-from spark_dl.keras.optimizer import DistributedOptimizer, is_distributed, wrap_in_place
+from spark_dl.keras.optimizer import (  # noqa: F401
+    DistributedOptimizer, PartialDistributedOptimizer, is_distributed, wrap_in_place)
+from spark_dl.keras.sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
@@ -38,7 +40,8 @@ __all__ = [
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-    "DistributedOptimizer", "Compression", "callbacks", "load_model",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "SyncBatchNormalization",
+    "Compression", "callbacks", "load_model",
     "broadcast_global_variables", "broadcast_variables", "allreduce", "allgather", "broadcast",
     "reducescatter", "alltoall", "broadcast_object", "allgather_object", "is_distributed",
 ]

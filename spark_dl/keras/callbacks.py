@@ -25,17 +25,40 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Broadcasts when training begins if the model is built by then (its optimizer is
     built first so that its slots exist); otherwise right after the first batch, when
     Keras has built both (Horovod's TensorFlow 2 behaviour).
+
+    Args:
+        root_rank: the rank whose values every rank takes.
+        local_variables: a variable or list of variables that keep their own value on
+            every rank (not broadcast), as in Horovod; usually the weights of the
+            ``local_layers`` of :func:`spark_dl.keras.PartialDistributedOptimizer`.
+        device: accepted for Horovod compatibility.
     """
 
-    def __init__(self, root_rank, device="", process_set=global_process_set):  # noqa: D107
+    def __init__(self, root_rank, device="", local_variables=None,  # noqa: D107
+                 process_set=global_process_set):
         super().__init__()
         self.root_rank = root_rank
         self.process_set = process_set
         self.broadcast_done = False
+        if local_variables is None:
+            local_variables = []
+        elif isinstance(local_variables, (keras.Variable, _tf_variable_type())):
+            local_variables = [local_variables]
+        self._local_vars = []
+        for var in local_variables:
+            self.register_local_var(var)
+
+    def register_local_var(self, var):
+        """Leaves ``var`` out of the broadcast (Horovod's ``register_local_var``)."""
+        if not isinstance(var, (keras.Variable, _tf_variable_type())):
+            raise ValueError(f"local variables must be Keras (or tf.Variable) variables, got "
+                             f"{type(var).__name__}")
+        self._local_vars.append(var)
 
     def _broadcast(self):
-        broadcast_variables(model_variables(self.model), self.root_rank,
-                            process_set=self.process_set,
+        local = {id(v) for v in self._local_vars}
+        variables = [v for v in model_variables(self.model) if id(v) not in local]
+        broadcast_variables(variables, self.root_rank, process_set=self.process_set,
                             name="BroadcastGlobalVariablesCallback")
         self.broadcast_done = True
 
@@ -46,6 +69,13 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not self.broadcast_done:
             self._broadcast()
+
+
+def _tf_variable_type():
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+        return tf.Variable
+    return keras.Variable
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -13,7 +13,13 @@ variables are about to change, which gives the right place for both cases:
   the k-th step reaches the clipping, so one allreduce per k steps travels.
 
 All gradients of a step travel as one grouped allreduce: on TensorFlow one op in the
-compiled train function, on torch one grouped call.
+compiled train function, on torch one grouped call. Variables registered as local
+(:func:`PartialDistributedOptimizer`, ``register_local_var``) keep their own gradient.
+
+``optimizer.iterations`` counts backward passes, as Horovod's does: with
+``backward_passes_per_step=k`` it grows by k per update (Keras alone counts updates there).
+Inside the update itself (Adam's bias correction, for instance) Keras's update count is
+what the optimizer sees, so the arithmetic of an update is Keras's.
 """
 
 import keras
@@ -24,9 +30,19 @@ from spark_dl.common.process_sets import global_process_set
 from spark_dl.keras import _backend
 from spark_dl.keras.compression import Compression
 
-__all__ = ["DistributedOptimizer", "is_distributed", "wrap_in_place"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed",
+           "wrap_in_place"]
 
 _classes = {}  # wrapped optimizer class -> its distributed subclass
+
+
+class _Untracked:
+    """Holds variables and layers out of sight of Keras's and TensorFlow's attribute
+    tracking: a list of them set on the optimizer would become optimizer state (saved
+    with it, counted in ``optimizer.variables``)."""
+
+    def __init__(self, items=()):
+        self.items = list(items)
 
 
 class _DistributedOptimizer:
@@ -35,7 +51,8 @@ class _DistributedOptimizer:
     _sdl_distributed = True
 
     def _sdl_setup(self, name, compression, sparse_as_dense, backward_passes_per_step,
-                   average_aggregated_gradients, gradient_predivide_factor, op, process_set):
+                   average_aggregated_gradients, gradient_predivide_factor, op, process_set,
+                   scale_local_gradients=True):
         op = resolve_op(None, op)
         if gradient_predivide_factor != 1.0 and op != Average:
             raise InvalidArgumentError("gradient_predivide_factor needs op=Average")
@@ -48,6 +65,39 @@ class _DistributedOptimizer:
         self._sdl_op = op
         self._sdl_process_set = process_set
         self._sdl_active = None  # decided on first use (init() may come after wrapping)
+        self._sdl_scale_local = bool(scale_local_gradients)
+        self._sdl_local_vars = _Untracked()    # registered with register_local_var
+        self._sdl_local_layers = _Untracked()  # their trainable weights are local
+        self._sdl_vars = _Untracked()          # the variables of the update being applied
+        self._sdl_in_apply = False
+
+    @property
+    def iterations(self):
+        # Horovod counts backward passes; Keras, with gradient accumulation, updates. Inside
+        # an update Keras's own count is kept (its optimizers' arithmetic depends on it).
+        if getattr(self, "_sdl_bpps", 1) > 1 and not getattr(self, "_sdl_in_apply", False):
+            return self._iterations
+        return super().iterations
+
+    def register_local_var(self, var):
+        """Keeps ``var``'s gradient on this rank: not allreduced, only divided by the process
+        set's size when ``scale_local_gradients`` (Horovod's ``register_local_var``)."""
+        self._sdl_local_vars.items.append(var)
+
+    def _sdl_local_ids(self):
+        local = list(self._sdl_local_vars.items)
+        for layer in self._sdl_local_layers.items:
+            local += list(layer.trainable_weights)
+        return {id(v) for v in local} | {id(getattr(v, "value", v)) for v in local}
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # Every backend's apply passes through here with the variables in the gradients'
+        # order; _clip_gradients below needs them to tell local variables apart.
+        self._sdl_vars.items, self._sdl_in_apply = list(trainable_variables), True
+        try:
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        finally:
+            self._sdl_vars.items, self._sdl_in_apply = [], False
 
     def _sdl_is_active(self):
         if self._sdl_active is None:
@@ -75,8 +125,13 @@ class _DistributedOptimizer:
         out = list(grads)
         pre, post = self._sdl_scale_factors()
         dense_at, sparse_at = [], []
+        current = self._sdl_vars.items
+        local_ids = self._sdl_local_ids() if len(current) == len(grads) else set()
         for i, g in enumerate(grads):
             if g is None:
+                continue
+            if local_ids and id(current[i]) in local_ids:
+                out[i] = self._sdl_local_gradient(g)
                 continue
             if _backend.is_sparse(g):
                 if self._sdl_sparse_as_dense:
@@ -98,6 +153,21 @@ class _DistributedOptimizer:
                                          op=self._sdl_op, process_set=self._sdl_process_set)
             out[i] = reduced * post * pre if (pre, post) != (1.0, 1.0) else reduced
         return out
+
+    def _sdl_local_gradient(self, g):
+        """A local variable's gradient: its own, scaled as the reduced ones are around the
+        reduction, divided by the set size when ``scale_local_gradients`` (as Horovod)."""
+        factor = 1.0
+        if self._sdl_scale_local:
+            factor /= set_size(self._sdl_process_set)
+        if self._sdl_bpps > 1 and not self._sdl_average_aggregated:
+            factor *= self._sdl_bpps
+        if factor == 1.0:
+            return g
+        if _backend.is_sparse(g):
+            import tensorflow as tf
+            return tf.IndexedSlices(g.values * factor, g.indices, g.dense_shape)
+        return g * factor
 
     def _clip_gradients(self, grads):
         # Keras calls this once per update, right before applying (see the module doc).
@@ -185,9 +255,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         average_aggregated_gradients: with k > 1, apply the mean of the k local steps
             instead of their sum (Horovod's default is the sum).
         process_set: average over this process set only.
-        device_dense, device_sparse, num_groups, groups, scale_local_gradients: accepted
-            for Horovod compatibility; all gradients travel as one group, and Keras 3
-            models have no Horovod "local" (unreduced) variables to scale.
+        scale_local_gradients: divide the gradients of local variables
+            (``register_local_var``, :func:`PartialDistributedOptimizer`) by the process set's
+            size, as Horovod does.
+        device_dense, device_sparse, num_groups, groups: accepted for Horovod
+            compatibility; all gradients travel as one group.
 
     Raises:
         InvalidArgumentError: not a Keras optimizer, a bad argument, or a jax backend.
@@ -203,7 +275,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         config["gradient_accumulation_steps"] = backward_passes_per_step
     wrapped = _distributed_class(type(optimizer)).from_config(config)
     wrapped._sdl_setup(name, compression, sparse_as_dense, backward_passes_per_step,
-                       average_aggregated_gradients, gradient_predivide_factor, op, process_set)
+                       average_aggregated_gradients, gradient_predivide_factor, op, process_set,
+                       scale_local_gradients)
     if optimizer.built:
         # Carry the state over: same variables, same slot values and iteration count.
         wrapped.build(optimizer._trainable_variables)
@@ -225,3 +298,40 @@ def wrap_in_place(optimizer, **kwargs):
     defaults.update(kwargs)
     optimizer._sdl_setup(**defaults)
     return optimizer
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="",  # noqa: N802
+                                device_sparse="", compression=Compression.none,
+                                sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """:func:`DistributedOptimizer` whose ``local_layers`` keep their own gradients.
+
+    The trainable weights of every layer in ``local_layers`` are updated with this rank's
+    gradient (divided by the process set's size when ``scale_local_gradients``, as in
+    Horovod); all other gradients are averaged across ranks. The layers are read when an
+    update runs, so they may still be unbuilt here.
+
+    Raises:
+        InvalidArgumentError: a ``local_layers`` entry is not a Keras layer, or as
+            :func:`DistributedOptimizer`.
+    """
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    bad = [type(layer).__name__ for layer in local_layers
+           if not isinstance(layer, keras.layers.Layer)]
+    if bad:
+        raise InvalidArgumentError(f"local_layers must be Keras layers, got {bad}")
+    opt = DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    opt._sdl_local_layers = _Untracked(local_layers)
+    return opt
