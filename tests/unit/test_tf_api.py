@@ -22,7 +22,9 @@ HOROVOD_NAMES = [
     "grouped_allreduce", "allgather", "grouped_allgather", "broadcast", "alltoall",
     "reducescatter", "grouped_reducescatter", "join", "barrier", "broadcast_variables",
     "broadcast_object", "allgather_object", "DistributedGradientTape", "Compression",
-    "size_op", "rank_op", "local_size_op", "local_rank_op",
+    "size_op", "rank_op", "local_size_op", "local_rank_op", "broadcast_",
+    "process_set_included_op", "DistributedOptimizer", "broadcast_global_variables",
+    "SyncBatchNormalization", "PartialDistributedGradientTape",
 ]
 
 
@@ -47,7 +49,8 @@ def test_ops_on_one_rank(mode):
         == [[2.0, 4.0], [6.0, 8.0]]
     assert run(hvd.allgather, x).shape == (2, 2)
     assert run(lambda t: hvd.broadcast(t, 0), x).numpy().tolist() == x.numpy().tolist()
-    out, splits = run(hvd.alltoall, x)
+    assert run(hvd.alltoall, x).numpy().tolist() == x.numpy().tolist()  # no splits: no tuple
+    out, splits = run(lambda t: hvd.alltoall(t, splits=[2]), x)
     assert out.numpy().tolist() == x.numpy().tolist() and splits.numpy().tolist() == [2]
     a, b = run(lambda t: hvd.grouped_allreduce([t, tf.cast(t, tf.int32)], op=hvd.Max), x)
     assert b.dtype == tf.int32 and a.numpy().tolist() == x.numpy().tolist()
@@ -101,3 +104,29 @@ def test_gradient_tape_on_one_rank_is_the_plain_gradient():
         loss = tf.reduce_sum(v * v)
     grads = hvd.DistributedGradientTape(tape).gradient(loss, [v])
     assert grads[0].numpy().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_errors_are_tensorflow_and_spark_dl_types():
+    from spark_dl.common import exceptions as sdl_errors
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        hvd.broadcast(tf.constant([1.0]), 3)
+    assert isinstance(info.value, sdl_errors.InvalidArgumentError)
+    assert issubclass(hvd.MismatchError, tf.errors.FailedPreconditionError)
+    assert issubclass(hvd.MismatchError, sdl_errors.MismatchError)
+    with pytest.raises(tf.errors.InvalidArgumentError):  # TensorFlow's own, inside tf.function
+        tf.function(lambda t: hvd.alltoall(t, splits=[3]))(tf.ones([2]))
+    import pickle
+    e = pickle.loads(pickle.dumps(hvd.MismatchError("ranks differ")))
+    assert isinstance(e, hvd.MismatchError) and str(e) == "ranks differ"
+
+
+def test_size_op_of_the_global_set_and_an_unknown_one():
+    assert int(hvd.size_op()) == 1 and int(hvd.process_set_included_op()) == 1
+    with pytest.raises(hvd.InvalidArgumentError, match="process_set_id=5"):
+        hvd.size_op(process_set_id=5)
+
+
+def test_broadcast_global_variables_points_at_broadcast_variables_when_eager():
+    with pytest.raises(RuntimeError, match="broadcast_variables"):
+        hvd.broadcast_global_variables(0)
