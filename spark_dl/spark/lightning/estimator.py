@@ -36,7 +36,12 @@ from spark_dl.spark.lightning.model import LightningModel
 from spark_dl.spark.lightning.params import LIGHTNING_PARAMS, RESERVED_TRAINER_ARGS
 from spark_dl.spark.lightning.params_accessors import LightningEstimatorParamsAccessors
 
-__all__ = ["LightningEstimator", "TorchEstimator", "LIGHTNING_PARAMS"]
+__all__ = ["LightningEstimator", "TorchEstimator", "LIGHTNING_PARAMS", "MIN_PL_VERSION"]
+
+#: The oldest Lightning this estimator supports (pyproject's ``lightning`` extra), under
+#: Horovod's name (``horovod.spark.lightning.estimator.MIN_PL_VERSION``), which its
+#: examples compare with ``pytorch_lightning.__version__`` before training.
+MIN_PL_VERSION = "2.6.0"
 
 
 class _Once:
