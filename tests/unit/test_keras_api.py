@@ -108,3 +108,59 @@ def test_best_model_checkpoint_needs_a_path(tmp_path):
     cb.filepath = str(tmp_path / "best.keras")
     model.fit(*data, verbose=0, epochs=2, callbacks=[cb])
     assert os.path.exists(cb.filepath)
+
+
+def test_iterations_count_backward_passes_and_updates_stay_keras():
+    x, y = np.ones((8, 3), np.float32), np.ones((8, 1), np.float32)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    opt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.1), backward_passes_per_step=2)
+    model.compile(opt, "mse")
+    model.fit(x, y, batch_size=2, verbose=0)  # 4 backward passes, 2 updates
+    assert int(opt.iterations) == 4  # Horovod's count
+    ref_model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    ref_model.set_weights([np.zeros_like(w) for w in ref_model.get_weights()])
+    model2 = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model2.set_weights(ref_model.get_weights())
+    ref = keras.optimizers.Adam(0.1, gradient_accumulation_steps=2)
+    ref_model.compile(ref, "mse")
+    ref_model.fit(x, y, batch_size=2, verbose=0)
+    assert int(ref.iterations) == 2  # Keras alone counts updates
+    model2.compile(hvd.DistributedOptimizer(keras.optimizers.Adam(0.1),
+                                            backward_passes_per_step=2,
+                                            average_aggregated_gradients=True), "mse")
+    model2.fit(x, y, batch_size=2, verbose=0)
+    # The updates themselves (Adam's bias correction included) are Keras's.
+    for a, b in zip(model2.get_weights(), ref_model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_partial_distributed_optimizer_checks_its_layers():
+    with pytest.raises(hvd.InvalidArgumentError, match="local_layers"):
+        hvd.PartialDistributedOptimizer(keras.optimizers.SGD(), local_layers=["dense"])
+    layer = keras.layers.Dense(2)
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(), local_layers=layer)
+    assert hvd.is_distributed(opt)
+    assert not opt.variables or all("dense" not in v.path for v in opt.variables)
+
+
+def test_sync_batch_norm_on_one_rank_is_batch_norm_and_saves(tmp_path):
+    x = np.random.default_rng(0).normal(size=(6, 4)).astype("float32")
+    sync, plain = hvd.SyncBatchNormalization(), keras.layers.BatchNormalization()
+    np.testing.assert_allclose(np.asarray(sync(x, training=True)),
+                               np.asarray(plain(x, training=True)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="fused"):
+        hvd.SyncBatchNormalization(fused=True)
+    model = keras.Sequential([keras.Input((4,)), hvd.SyncBatchNormalization(momentum=0.7)])
+    path = str(tmp_path / "bn.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded.layers[0], hvd.SyncBatchNormalization)
+    assert loaded.layers[0].momentum == 0.7
+
+
+def test_broadcast_callback_takes_local_variables():
+    v = keras.Variable(1.0)
+    cb = hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=v)
+    assert cb._local_vars == [v]
+    with pytest.raises(ValueError, match="local variables"):
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=["w"])
