@@ -3,14 +3,21 @@
 
 import tensorflow as tf
 
-from spark_dl.common.objects import allgather_object, broadcast_object  # noqa: F401
+from spark_dl.common import objects as _objects
 from spark_dl.common.process_sets import global_process_set
+from spark_dl.tensorflow.errors import translate_errors
 from spark_dl.tensorflow.mpi_ops import _broadcast_raw, _check_root
 
 __all__ = ["broadcast_variables", "broadcast_global_variables", "broadcast_object",
            "allgather_object"]
 
 
+# spark_dl's object functions, raising spark_dl.tensorflow.errors types as the ops do.
+broadcast_object = translate_errors(_objects.broadcast_object)
+allgather_object = translate_errors(_objects.allgather_object)
+
+
+@translate_errors
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False,
                         name=None):
     """Overwrites every variable with ``root_rank``'s value (one op for all of them).

@@ -25,6 +25,7 @@ from spark_dl.common.basics import (  # noqa: F401 - re-exported
     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 from spark_dl.common import ops as _ops
+from spark_dl.common.exceptions import raise_from_core
 from spark_dl.common.handles import synchronize
 from spark_dl.common.native import core as _core
 from spark_dl.common.ops import (  # noqa: F401 - re-exported
@@ -506,6 +507,8 @@ def _set_ranks(process_set_id):
     try:
         return list(_core.process_set_ranks(int(process_set_id)))
     except _core.CoreError as e:
+        if e.args[0] != _core.ERROR_CODES["invalid_argument"]:
+            raise_from_core(e)  # not initialized, shut down
         raise InvalidArgumentError(
             f"process_set_id={process_set_id}: {e.args[-1]}"
         ) from None
