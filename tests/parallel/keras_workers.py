@@ -180,3 +180,39 @@ def callbacks_behaviour():
 def keras_api():
     """save_load_broadcast and callbacks_behaviour in one launch (TensorFlow imports once)."""
     return {"save_load": save_load_broadcast(), "callbacks": callbacks_behaviour()}
+
+
+def sync_batch_norm_torch():
+    """SyncBatchNormalization on the torch backend: with batches of 3 and 5 rows, output,
+    moving statistics and the input gradient of the sum of both ranks' losses are those of
+    one BatchNormalization over the union (max abs differences returned)."""
+    import torch
+
+    hvd.init()
+    _threads()
+    rank, size = hvd.rank(), hvd.size()
+    rows = [3 + 2 * r for r in range(size)]
+    rng = np.random.default_rng(11)
+    xs = [rng.normal(loc=r, size=(n, 4)).astype("float32") for r, n in enumerate(rows)]
+    ws = [rng.normal(size=(n, 4)).astype("float32") for n in rows]
+    start = sum(rows[:rank])
+
+    def run(layer, x, w):
+        x = torch.tensor(x, requires_grad=True)
+        y = layer(x, training=True)
+        (y * torch.tensor(w)).sum().backward()
+        return y.detach().numpy(), x.grad.numpy()
+
+    ref = keras.layers.BatchNormalization(momentum=0.5)
+    ref_y, ref_dx = run(ref, np.concatenate(xs), np.concatenate(ws))
+    layer = hvd.SyncBatchNormalization(momentum=0.5)
+    y, dx = run(layer, xs[rank], ws[rank])
+    part = slice(start, start + rows[rank])
+    return {"backend": keras.backend.backend(),
+            "y": float(np.max(np.abs(y - ref_y[part]))),
+            "dx": float(np.max(np.abs(dx - ref_dx[part]))),
+            "moving_mean": float(np.max(np.abs(keras.ops.convert_to_numpy(layer.moving_mean)
+                                               - keras.ops.convert_to_numpy(ref.moving_mean)))),
+            "moving_variance": float(np.max(np.abs(
+                keras.ops.convert_to_numpy(layer.moving_variance)
+                - keras.ops.convert_to_numpy(ref.moving_variance))))}

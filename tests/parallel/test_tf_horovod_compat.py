@@ -143,3 +143,11 @@ def test_iterations_count_backward_passes_as_horovod():
     for r in _case("iterations"):
         assert r["iterations"] == r["batches"] == 12
         assert r["updates"] == 4
+
+
+def test_sync_batch_norm_on_the_torch_backend():
+    for r in run_ranks("keras_workers:sync_batch_norm_torch", 2, env={"KERAS_BACKEND": "torch"},
+                       timeout=240):
+        assert r.pop("backend") == "torch"
+        for key, diff in r.items():
+            assert diff < 1e-4, f"{key} differs from the union's by {diff}"
