@@ -516,8 +516,11 @@ def _set_ranks(process_set_id):
 
 def _topology_op(value_fn, process_set_id, name, op_name):
     """An int32 scalar op that reads ``value_fn(process_set_id)`` when it runs (sets are
-    added and removed at run time), checked once when built."""
-    value_fn(process_set_id)  # unknown ids fail here, eagerly or while tracing
+    added and removed at run time), checked once when built. For the global set (fixed
+    from init() on) a constant, which XLA can compile too."""
+    value = value_fn(process_set_id)  # unknown ids fail here, eagerly or while tracing
+    if int(process_set_id) == 0:
+        return tf.constant(value, tf.int32, name=name)
     out, = call(lambda _unused: [np.int32(value_fn(process_set_id))], [tf.constant(0, tf.int32)],
                 out_dtypes=[tf.int32], out_shapes=[[]], op_name=op_name)
     return tf.identity(out, name=name) if name else out
