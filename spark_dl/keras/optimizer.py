@@ -88,7 +88,7 @@ class _DistributedOptimizer:
         local = list(self._sdl_local_vars.items)
         for layer in self._sdl_local_layers.items:
             local += list(layer.trainable_weights)
-        return {id(v) for v in local} | {id(getattr(v, "value", v)) for v in local}
+        return {id(v) for v in local}
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         # Every backend's apply passes through here with the variables in the gradients'
