@@ -54,9 +54,9 @@ def test_topology_of_a_single_process():
     assert hvd.global_process_set.ranks == [0]
 
 
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                                   torch.float16, torch.bfloat16, torch.float32, torch.float64,
-                                   torch.bool])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.uint16, torch.int16,
+                                   torch.int32, torch.int64, torch.float16, torch.bfloat16,
+                                   torch.float32, torch.float64, torch.bool])
 def test_every_dtype_round_trips(dtype):
     t = (torch.arange(12) % 3).reshape(3, 4).to(dtype)
     op = hvd.Max if dtype == torch.bool else hvd.Sum
