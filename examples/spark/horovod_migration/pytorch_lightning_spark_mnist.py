@@ -2,7 +2,7 @@
 # to spark_dl and Lightning 2: the same flow (Store, SparkBackend, TorchEstimator, fit,
 # transform, accuracy) with `spark_dl` imports instead of `horovod` ones; the module and
 # callback hooks that Lightning 2 removed are replaced by their Lightning 2 forms (marked
-# "Lightning 2:" below). The full list of changes is in docs/lightning.md ("Porting
+# "Lightning 2" below). The full list of changes is in docs/lightning.md ("Porting
 # Horovod's pytorch_lightning_spark_mnist"). One addition: MNIST is read from --data-dir
 # when it is there (or downloaded with --download, as Horovod does), and otherwise replaced
 # by generated MNIST-shaped data (28x28 images, 10 classes) so that the script runs
@@ -208,8 +208,9 @@ def train_model(args):
             self.train_epcoh_end_counter = 0
             self.validation_epoch_end_counter = 0
 
-        # Lightning 2: the on_init_start, on_init_end and on_epoch_end hooks are gone;
-        # the two epoch-end hooks below count for on_epoch_end.
+        # Lightning 2 no longer calls on_init_start, on_init_end or on_epoch_end (it
+        # ignores them silently), so they are gone here; the two epoch-end hooks below
+        # count for on_epoch_end, which the check in on_train_end needs.
 
         def on_train_epoch_end(self, trainer, model, unused=None):
             print('A train epoch ended.')
