@@ -29,7 +29,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     Args:
         fused: Horovod's argument; only ``False``/``None`` (Keras 3 has no fused kernel
             to refuse).
-        process_set: the ranks whose batches are normalized together (default: all).
+        process_set: the ranks whose batches are normalized together (default: all; not
+            saved with the model: a loaded layer uses every rank).
         **kwargs: as ``keras.layers.BatchNormalization`` (``axis``, ``momentum``,
             ``epsilon``, ``center``, ``scale``, ...; not ``synchronized``, which is
             tf.distribute's version of the same idea, nor ``renorm``).
