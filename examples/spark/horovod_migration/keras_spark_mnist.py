@@ -8,7 +8,7 @@
 # script runs without a network:
 #
 #   .venv/bin/python examples/spark/horovod_migration/keras_spark_mnist.py \
-#       --num-proc 2 --epochs 1 --synthetic-rows 1500
+#       --num-proc 2 --epochs 1 --synthetic-rows 1000
 """Keras Spark MNIST, as Horovod's example, on spark_dl."""
 
 import argparse
