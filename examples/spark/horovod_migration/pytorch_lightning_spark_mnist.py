@@ -233,8 +233,9 @@ def train_model(args):
     callbacks = [MyDummyCallback()]
 
     if version.parse(torch.__version__) < version.parse('1.13'):
-        # Horovod adds these two only for torch < 1.13, where its Lightning strategy can
-        # reduce their values; with spark_dl they work on any torch (this guard may go).
+        # Horovod adds these two only for torch < 1.13: on newer torch, Lightning's Horovod
+        # strategy fails to reduce their values. With spark_dl they work on any torch
+        # (this guard may go; see docs/lightning.md).
         # ModelCheckpoint
         from pytorch_lightning.callbacks.model_checkpoint import ModelCheckpoint
         callbacks.append(ModelCheckpoint(monitor='val_loss', mode="min",
