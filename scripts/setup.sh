@@ -96,7 +96,7 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup: nvcc found: installing NCCL's headers and library (nvidia-nccl-cu13)"
   .venv/bin/python -m pip install -q --no-deps -c constraints.txt nvidia-nccl-cu13
 fi
-echo "setup: building spark_dl (native core) in editable mode"
+echo "setup: building spark_dl (native core) in editable mode (${SECONDS}s so far)"
 # The build tools live in .venv and the build does not isolate itself: CMake's cache in
 # build/ then points at this nanobind, so the C++ tests and CMake checks in the test suite
 # can reconfigure and rebuild there (an isolated build's tools are deleted after it).
@@ -107,3 +107,4 @@ echo "setup: building spark_dl (native core) in editable mode"
   -e ".[torch,spark,test,mpi,lightning,notebook]" tensorflow-cpu keras
 .venv/bin/python -c "import spark_dl._core as c; print('setup: spark_dl core built:', c.build_info())"
 inputs_hash > "$STAMP"
+echo "setup: done in ${SECONDS}s"
