@@ -1,16 +1,18 @@
 """What every trained model does, whatever its framework: ``transform`` in Arrow batches.
 
 ``transform(df)`` adds one column per model output (``output_cols``; default
-``<label>__output``) and keeps every column of ``df``. Prediction runs in a scalar-iterator
-pandas UDF over Arrow batches: the framework's
-:class:`~spark_dl.spark.common.adapter.Predictor` travels to the executors once per
-transform and is unpickled once per Python worker (a small cache keyed by the transform),
-then applied to the rows of each Arrow batch. It travels as a Spark broadcast on classic
-sessions; Spark Connect has no broadcast, so there it rides in the UDF itself when small
-and, when larger, as a session artifact file that the executors read (see
-:func:`_ship_predictor`). Feature columns are converted as in training: vectors through
-Spark's ``vector_to_array`` with the dtype training used, and the predictor casts to the
-model's dtype.
+``<label>__output``) and keeps every column of ``df``. Prediction is one
+``DataFrame.mapInArrow`` (:mod:`spark_dl.spark.common.inference`): feature columns go from
+Arrow buffers to NumPy without a Python object per row, the model runs on whole Arrow
+batches, and its outputs are built as Arrow arrays beside the batch's other columns. The
+framework's :class:`~spark_dl.spark.common.adapter.Predictor` travels to the executors
+once per transform and is unpickled once per Python worker (a small cache keyed by the
+transform). It travels as a Spark broadcast on classic sessions; Spark Connect has no
+broadcast, so there it rides in the function itself when small and, when larger, as a
+session artifact file that the executors read (see :func:`_ship_predictor`). Feature
+columns are converted as in training: vectors (dense or sparse) to the dtype training
+used, as Spark's ``vector_to_array`` casts them, and the predictor casts to the model's
+dtype.
 
 Output column types: one value per row -> double; several values per row -> a Spark ML
 DenseVector (Horovod's format), or with ``output_format="array"`` an array of the model's
@@ -27,7 +29,7 @@ default column names. They come from the first output, for a model with one labe
 import collections
 import threading
 import uuid
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 from pyspark.ml import Model
@@ -39,8 +41,6 @@ from spark_dl.spark.common.params_accessors import ModelParamsAccessors
 from spark_dl.spark.common.persistence import PersistableParams
 
 __all__ = ["ModelBase"]
-
-_TMP_COL = "__spark_dl_outputs"
 
 
 @define_params(MODEL_PARAMS)
@@ -126,9 +126,9 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
         return specs
 
     def _transform(self, df):
-        from pyspark.sql import functions as F
+        from pyspark.ml.linalg import VectorUDT
 
-        from spark_dl.spark.common.schema import _col
+        from spark_dl.spark.common.inference import ArrowPredict
         from spark_dl.spark.common.shipping import dumps_for_workers
 
         features = self.getFeatureColumns()
@@ -157,26 +157,22 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
 
         # The user's modules executors lack travel by value, as in fit (common.shipping).
         shipped = _ship_predictor(df.sparkSession, dumps_for_workers(predictor))
-        predict_udf = _make_udf(uuid.uuid4().hex, shipped, features, specs, kinds, types,
-                                ml_kind, len(ml_cols))
-        inputs = []
-        for col in features:
-            c = _col(col)
-            if specs[col]["kind"] == constants.KIND_VECTOR:
-                from pyspark.ml.functions import vector_to_array
-
-                c = vector_to_array(c, dtype=vector_dtype)
-            inputs.append(c)
-        out = df.withColumn(_TMP_COL, predict_udf(*inputs))
-        cols = [_col(c) for c in df.columns if c not in out_cols]
-        for i, (name, kind) in enumerate(zip(out_cols, kinds)):
-            field = F.col(f"`{_TMP_COL}`.`_{i}`")
+        fields = df.schema.fields
+        names = [f.name for f in fields]
+        keep = [i for i, f in enumerate(fields) if f.name not in out_cols]
+        out_fields = [fields[i] for i in keep]
+        elements = []
+        for name, kind, spark_type in zip(out_cols, kinds, types):
             if kind == "vector":
-                from pyspark.ml.functions import array_to_vector
-
-                field = array_to_vector(field)
-            cols.append(field.alias(name))
-        return out.select(*cols)
+                spark_type = VectorUDT()
+            out_fields.append(T.StructField(name, spark_type, True))
+            elements.append(None if kind != "array" else
+                            np.float64 if spark_type.elementType == T.DoubleType()
+                            else np.float32)
+        fn = ArrowPredict(uuid.uuid4().hex, shipped, features,
+                          [names.index(c) for c in features], specs, vector_dtype, keep,
+                          [f.name for f in out_fields], kinds, elements, ml_kind, len(ml_cols))
+        return df.mapInArrow(fn, T.StructType(out_fields))
 
     def _ml_columns(self) -> List[Tuple[str, str]]:
         """(name, kind) of the pyspark.ml columns ``prediction_kind`` asks for."""
@@ -379,24 +375,6 @@ def _executor_predictor(key: str, shipped):
         return predictor
 
 
-def _column_array(col: str, series, spec: dict) -> np.ndarray:
-    if series.isna().any():
-        raise ValueError(f"feature column {col!r} has null values; drop or fill them before "
-                         "transform()")
-    if spec["kind"] == constants.KIND_SCALAR:
-        return series.to_numpy()
-    try:
-        values = np.stack(series.to_numpy())
-    except ValueError:
-        lengths = sorted({len(v) for v in series.to_numpy()})
-        raise ValueError(f"feature column {col!r} holds arrays of different lengths "
-                         f"{lengths[:5]}; the model was trained on {spec['shape']}") from None
-    if list(values.shape[1:]) != list(spec["shape"]):
-        raise ValueError(f"feature column {col!r} has rows of shape {list(values.shape[1:])}; "
-                         f"the model was trained on rows of shape {spec['shape']}")
-    return values
-
-
 def ml_columns(kind: str, output: np.ndarray) -> List[np.ndarray]:
     """pyspark.ml's (prediction, probability, raw prediction) of a model ``output`` whose
     meaning is ``kind`` (see :data:`~spark_dl.spark.common.params.PREDICTION_KINDS`);
@@ -422,44 +400,3 @@ def ml_columns(kind: str, output: np.ndarray) -> List[np.ndarray]:
     else:
         prob = out
     return [np.argmax(out, axis=1).astype(np.float64), prob, out]
-
-
-def _make_udf(key, shipped, features, specs, kinds, types, ml_kind=None, n_ml=0):
-    import pandas as pd
-    from pyspark.sql.functions import pandas_udf
-
-    schema = T.StructType([T.StructField(f"_{i}", t, True) for i, t in enumerate(types)])
-
-    def run(batches):
-        predictor = _executor_predictor(key, shipped)
-        for columns in batches:
-            if isinstance(columns, pd.Series):
-                columns = (columns,)
-            rows = len(columns[0])
-            if not rows:
-                yield pd.DataFrame({f"_{i}": pd.Series([], dtype=object)
-                                    for i in range(len(kinds))})
-                continue
-            arrays = {c: _column_array(c, s, specs[c]) for c, s in zip(features, columns)}
-            outputs = list(predictor.predict(arrays))
-            if ml_kind is not None:
-                outputs += ml_columns(ml_kind, np.asarray(outputs[0]))[:n_ml]
-            frame = {}
-            for i, (out, kind) in enumerate(zip(outputs, kinds)):
-                out = np.asarray(out)
-                if kind == "scalar":
-                    frame[f"_{i}"] = out.reshape(rows).astype(np.float64)
-                else:
-                    flat = out.reshape(rows, -1)
-                    if kind == "vector":
-                        flat = flat.astype(np.float64)
-                    frame[f"_{i}"] = list(flat)
-            yield pd.DataFrame(frame)
-
-    if len(features) == 1:
-        def predict(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
-            return run(batches)
-    else:
-        def predict(batches: Iterator[Tuple[pd.Series, ...]]) -> Iterator[pd.DataFrame]:
-            return run(batches)
-    return pandas_udf(predict, schema)
