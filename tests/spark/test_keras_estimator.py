@@ -184,6 +184,28 @@ def test_transform_matches_local_model(fitted, df):
     assert err < 0.5
 
 
+def test_arrow_transform_equals_the_model_on_numpy(spark):
+    # A hand-built KerasModel over a vector column (dense and sparse rows) and an
+    # array<double> column: bitwise the model on the same float32 rows, one row per call
+    # on both sides (other row counts may round differently).
+    import transform_data as data
+
+    keras.utils.set_random_seed(3)
+    net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                            keras.layers.Dense(1)])
+    x32 = data.features().astype("float32")
+    want = np.concatenate([np.asarray(net.predict_on_batch(x32[i:i + 1]))
+                           for i in range(len(x32))]).reshape(-1)
+    df = data.frame(spark)
+    for col in ("vec", "ad"):
+        model = KerasModel(model=net, feature_columns=[col], label_columns=["y"],
+                           batch_size=1)
+        out = model.transform(df)
+        assert out.columns == df.columns + ["y__output"]
+        got = data.column(out.orderBy("id").toPandas(), "y__output")
+        np.testing.assert_array_equal(got, want.astype(np.float64), err_msg=col)
+
+
 def test_model_and_pipeline_persistence(fitted, df, store, tmp_path):
     est, model, _ = fitted
     path = str(tmp_path / "model")

@@ -179,6 +179,37 @@ def test_transform_save_load_and_pipeline(fitted, df, tmp_path):
     assert isinstance(est, LightningEstimator) and est.getEpochs() == 1
 
 
+class _Forward(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                       torch.nn.Linear(8, 1))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_arrow_transform_equals_the_module_on_numpy(spark):
+    # A hand-built LightningModel over a vector column (dense and sparse rows) and an
+    # array<float> column: bitwise the module on the same float32 rows, one row per call.
+    import transform_data as data
+
+    module = _Forward()
+    x32 = torch.from_numpy(data.features().astype(np.float32))
+    with torch.no_grad():
+        want = np.concatenate([module(x32[i:i + 1]).numpy()
+                               for i in range(len(x32))]).reshape(-1)
+    df = data.frame(spark)
+    for col in ("vec", "af"):
+        model = LightningModel(model=module, feature_columns=[col], label_columns=["y"],
+                               input_shapes=[[-1, 4]], batch_size=1)
+        out = model.transform(df)
+        assert out.columns == df.columns + ["y__output"]
+        got = data.column(out.orderBy("id").toPandas(), "y__output")
+        np.testing.assert_array_equal(got, want.astype(np.float64), err_msg=col)
+
+
 def test_resume_continues_lightning_state(fitted, store, df):
     # The same run_id with one more epoch: only epoch 4 trains, from the checkpoint's
     # weights, optimizer and scheduler (the learning rate keeps halving).

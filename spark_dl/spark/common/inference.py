@@ -113,6 +113,8 @@ def output_array(out: np.ndarray, kind: str, element, rows: int):
         return pa.ListArray.from_arrays(offsets, values)
     values = pa.ListArray.from_arrays(
         offsets, pa.array(flat.astype(np.float64, copy=False).reshape(-1)))
+    if kind == "vector_values":
+        return values
     return pa.StructArray.from_arrays(
         [pa.array(np.ones(rows, dtype=np.int8)), pa.nulls(rows, pa.int32()),
          pa.nulls(rows, pa.list_(pa.int32())), values],
@@ -131,7 +133,7 @@ class ArrowPredict:
         vector_dtype: dtype vector features are read as.
         keep: positions of the batch's columns that pass through, in order.
         names: every output column's name (the kept ones, then the model's).
-        kinds: scalar/array/vector per model output column.
+        kinds: scalar/array/vector (or vector_values) per model output column.
         elements: the NumPy element dtype of each ``array`` output (None for others).
         ml_kind: ``prediction_kind`` when pyspark.ml columns follow the model's outputs.
         n_ml: how many pyspark.ml columns.
@@ -146,22 +148,60 @@ class ArrowPredict:
         self.keep, self.names, self.kinds, self.elements = keep, names, kinds, elements
         self.ml_kind, self.n_ml = ml_kind, n_ml
 
+    def _outputs(self, predictor, columns, rows) -> list:
+        """The model's output columns (Arrow arrays) for the feature ``columns``."""
+        arrays = {c: feature_array(c, a, self.specs[c], self.vector_dtype)
+                  for c, a in zip(self.features, columns)}
+        outputs = list(predictor.predict(arrays))
+        if self.ml_kind is not None:
+            from spark_dl.spark.common.model import ml_columns
+
+            outputs += ml_columns(self.ml_kind, np.asarray(outputs[0]))[:self.n_ml]
+        return [output_array(out, kind, element, rows)
+                for out, kind, element in zip(outputs, self.kinds, self.elements)]
+
     def __call__(self, batches):
+        """``mapInArrow``: whole batches in, the kept columns and the outputs out."""
         import pyarrow as pa
 
-        from spark_dl.spark.common.model import _executor_predictor, ml_columns
+        from spark_dl.spark.common.model import _executor_predictor
 
         predictor = _executor_predictor(self.key, self.shipped)
         for batch in batches:
             rows = batch.num_rows
             if not rows:
                 continue
-            arrays = {c: feature_array(c, batch.column(i), self.specs[c], self.vector_dtype)
-                      for c, i in zip(self.features, self.positions)}
-            outputs = list(predictor.predict(arrays))
-            if self.ml_kind is not None:
-                outputs += ml_columns(self.ml_kind, np.asarray(outputs[0]))[:self.n_ml]
-            columns = [batch.column(i) for i in self.keep]
-            columns += [output_array(out, kind, element, rows)
-                        for out, kind, element in zip(outputs, self.kinds, self.elements)]
-            yield pa.RecordBatch.from_arrays(columns, names=self.names)
+            outputs = self._outputs(predictor, [batch.column(i) for i in self.positions], rows)
+            yield pa.RecordBatch.from_arrays([batch.column(i) for i in self.keep] + outputs,
+                                             names=self.names)
+
+    def scalar_iter(self, batches):
+        """A scalar-iterator Arrow UDF (pyspark >= 4.1): the feature columns in, one struct
+        of the outputs (fields ``_0``, ``_1`` ...) out; the other columns stay in Spark."""
+        import pyarrow as pa
+
+        from spark_dl.spark.common.model import _executor_predictor
+
+        predictor = _executor_predictor(self.key, self.shipped)
+        for columns in batches:
+            if isinstance(columns, (pa.Array, pa.ChunkedArray)):
+                columns = (columns,)
+            columns = [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+                       for c in columns]
+            rows = len(columns[0])
+            outputs = self._outputs(predictor, columns, rows) if rows else \
+                [pa.array([], type=t) for t in self._empty_types()]
+            yield pa.StructArray.from_arrays(outputs, names=self.names)
+
+    def _empty_types(self):
+        import pyarrow as pa
+
+        types = []
+        for kind, element in zip(self.kinds, self.elements):
+            if kind == "scalar":
+                types.append(pa.float64())
+            elif kind == "array":
+                types.append(pa.list_(pa.from_numpy_dtype(element)))
+            else:
+                types.append(pa.list_(pa.float64()))
+        return types

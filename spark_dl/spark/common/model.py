@@ -42,6 +42,8 @@ from spark_dl.spark.common.persistence import PersistableParams
 
 __all__ = ["ModelBase"]
 
+_TMP_COL = "__spark_dl_outputs"
+
 
 @define_params(MODEL_PARAMS)
 class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
@@ -157,21 +159,28 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
 
         # The user's modules executors lack travel by value, as in fit (common.shipping).
         shipped = _ship_predictor(df.sparkSession, dumps_for_workers(predictor))
+        elements = [None if kind != "array" else
+                    np.float64 if t.elementType == T.DoubleType() else np.float32
+                    for kind, t in zip(kinds, types)]
+        key = uuid.uuid4().hex
+        # mapInArrow ships every column to Python and back; Spark builds the Arrow form of
+        # vector (UDT) columns slowly, so frames holding one take an Arrow UDF where pyspark
+        # has it (only the features travel, vectors as arrays).
+        if _arrow_udf() is not None and any(isinstance(f.dataType, T.UserDefinedType)
+                                            for f in df.schema.fields):
+            return _transform_by_arrow_udf(df, key, shipped, features, specs, vector_dtype,
+                                           out_cols, kinds, types, elements, ml_kind,
+                                           len(ml_cols))
         fields = df.schema.fields
         names = [f.name for f in fields]
         keep = [i for i, f in enumerate(fields) if f.name not in out_cols]
         out_fields = [fields[i] for i in keep]
-        elements = []
         for name, kind, spark_type in zip(out_cols, kinds, types):
-            if kind == "vector":
-                spark_type = VectorUDT()
-            out_fields.append(T.StructField(name, spark_type, True))
-            elements.append(None if kind != "array" else
-                            np.float64 if spark_type.elementType == T.DoubleType()
-                            else np.float32)
-        fn = ArrowPredict(uuid.uuid4().hex, shipped, features,
-                          [names.index(c) for c in features], specs, vector_dtype, keep,
-                          [f.name for f in out_fields], kinds, elements, ml_kind, len(ml_cols))
+            out_fields.append(T.StructField(name, VectorUDT() if kind == "vector" else
+                                            spark_type, True))
+        fn = ArrowPredict(key, shipped, features, [names.index(c) for c in features], specs,
+                          vector_dtype, keep, [f.name for f in out_fields], kinds, elements,
+                          ml_kind, len(ml_cols))
         return df.mapInArrow(fn, T.StructType(out_fields))
 
     def _ml_columns(self) -> List[Tuple[str, str]]:
@@ -236,6 +245,56 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
                 kinds.append("array")
                 types.append(T.ArrayType(element, True))
         return kinds, types
+
+
+def _arrow_udf():
+    """pyspark's ``arrow_udf`` (4.1 and later, classic and Connect), else None."""
+    from pyspark.sql import functions
+
+    return getattr(functions, "arrow_udf", None)
+
+
+def _transform_by_arrow_udf(df, key, shipped, features, specs, vector_dtype, out_cols, kinds,
+                            types, elements, ml_kind, n_ml):
+    """``transform`` through a scalar-iterator Arrow UDF: only the feature columns travel to
+    Python (vectors as arrays, through Spark's ``vector_to_array``), and the other columns
+    stay in Spark, which ``mapInArrow`` would ship to Python and back (costly for wide rows
+    and for vector columns, whose Arrow struct Spark builds slowly)."""
+    from pyspark.ml.functions import array_to_vector, vector_to_array
+    from pyspark.sql import functions as F
+
+    from spark_dl.spark.common.inference import ArrowPredict
+    from spark_dl.spark.common.schema import _col
+
+    inputs, udf_specs = [], {}
+    for col in features:
+        c = _col(col)
+        udf_specs[col] = specs[col]
+        if specs[col]["kind"] == constants.KIND_VECTOR:
+            c = vector_to_array(c, dtype=vector_dtype)
+            udf_specs[col] = dict(specs[col], kind=constants.KIND_ARRAY)
+        inputs.append(c)
+    fields = [f"_{i}" for i in range(len(kinds))]
+    fn = ArrowPredict(key, shipped, features, list(range(len(features))), udf_specs,
+                      vector_dtype, [], fields,
+                      ["vector_values" if k == "vector" else k for k in kinds], elements,
+                      ml_kind, n_ml)
+    schema = T.StructType([T.StructField(f, t, True) for f, t in zip(fields, types)])
+    udf = _arrow_udf()(fn.scalar_iter, schema, _scalar_iter_type())
+    out = df.withColumn(_TMP_COL, udf(*inputs))
+    cols = [_col(c) for c in df.columns if c not in out_cols]
+    for i, (name, kind) in enumerate(zip(out_cols, kinds)):
+        field = F.col(f"`{_TMP_COL}`.`_{i}`")
+        if kind == "vector":
+            field = array_to_vector(field)
+        cols.append(field.alias(name))
+    return out.select(*cols)
+
+
+def _scalar_iter_type():
+    from pyspark.sql.functions import ArrowUDFType
+
+    return ArrowUDFType.SCALAR_ITER
 
 
 def _first_row(df, features):
