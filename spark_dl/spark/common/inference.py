@@ -2,11 +2,13 @@
 batches out, with no Python object per row (see :mod:`spark_dl.spark.common.model`).
 
 ``transform`` is one ``DataFrame.mapInArrow`` (pyspark 3.5 and 4.x, classic and Spark
-Connect). Each Arrow batch carries every column of the DataFrame: the feature columns are
+Connect): each Arrow batch carries every column of the DataFrame, the feature columns are
 turned into NumPy arrays straight from the Arrow buffers (:func:`feature_array`: list and
 fixed-size-list columns through their flat values, Spark ML vectors through the values of
 their struct, sparse ones scattered), the predictor runs on the whole batch, and its outputs
 become Arrow arrays (:func:`output_array`) appended to the untouched columns of the batch.
+A DataFrame holding a vector column takes a scalar-iterator Arrow UDF instead where pyspark
+has one (4.1+; :meth:`ArrowPredict.scalar_iter`): only the features travel to Python.
 """
 
 from typing import List, Sequence
