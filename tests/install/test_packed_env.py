@@ -4,8 +4,8 @@ The way docs/install.md gives for clusters whose nodes lack spark_dl: a venv wit
 packed by ``venv-pack``, shipped through ``spark.archives`` (``--archives env.tar.gz#env``)
 and run by the executors as ``./env/bin/python``. Checked on ``local-cluster`` (executor JVMs
 of their own, each unpacking the archive in its working folder): the driver runs the wheel's
-venv, the executors first a bare venv (the probe's error must point at the packed env), then
-the packed env (``spark.run`` with two Gloo ranks works).
+venv, the Python workers first a bare venv (on ``local[2]``: the probe's error must point at
+the packed env), then the executors the packed env (``spark.run`` with two Gloo ranks works).
 """
 
 import os
@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 import spark_dl.spark
 from spark_dl.spark.launch.errors import ExecutorPythonError
 
-builder = (SparkSession.builder.master("local-cluster[2,1,1024]")
+builder = (SparkSession.builder.master(sys.argv[3])
            .config("spark.ui.enabled", "false").config("spark.pyspark.python", sys.argv[1]))
 if sys.argv[2] != "-":
     builder = builder.config("spark.archives", sys.argv[2])
@@ -67,13 +67,14 @@ def test_executors_run_spark_dl_from_the_packed_env(wheel_venv, packed_env, tmp_
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True,
                    timeout=120)
 
-    proc = run_in(wheel_venv, ["python", str(job), str(bare / "bin" / "python"), "-"],
-                  timeout=300)
+    # The bare venv's refusal needs no executor JVMs: local[2]'s Python workers run it too.
+    proc = run_in(wheel_venv, ["python", str(job), str(bare / "bin" / "python"), "-",
+                               "local[2]"], timeout=300)
     assert "ExecutorPythonError" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "venv-pack" in proc.stdout and "docs/install.md" in proc.stdout, proc.stdout
 
-    proc = run_in(wheel_venv, ["python", str(job), "./env/bin/python", f"{packed_env}#env"],
-                  timeout=400)
+    proc = run_in(wheel_venv, ["python", str(job), "./env/bin/python", f"{packed_env}#env",
+                               "local-cluster[2,1,1024]"], timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("result"))
     assert line.count("2.0") == 2, line
