@@ -111,9 +111,6 @@ def make_predict_fn_factory(framework, blob):
         import numpy as np
 
         if framework == "keras":
-            import io
-            import zipfile  # noqa: F401 (keras reads the archive)
-
             import keras
 
             path = f"/tmp/spark_dl_bench_{os.getpid()}.keras"
@@ -123,7 +120,6 @@ def make_predict_fn_factory(framework, blob):
 
             def predict(x):
                 return np.asarray(model.predict_on_batch(x)).reshape(-1)
-            del io
             return predict
         import pickle
 

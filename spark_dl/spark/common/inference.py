@@ -142,7 +142,8 @@ class ArrowPredict:
     """
 
     def __init__(self, key: str, shipped, features: Sequence[str], positions: List[int],
-                 specs: dict, vector_dtype: str, keep: List[int], names: List[str], kinds: List[str],
+                 specs: dict, vector_dtype: str, keep: List[int], names: List[str],
+                 kinds: List[str],
                  elements: List, ml_kind=None, n_ml: int = 0):
         self.key, self.shipped = key, shipped
         self.features, self.positions = list(features), list(positions)
