@@ -76,7 +76,13 @@ def torch_batch(arrays: Mapping[str, np.ndarray]) -> Dict[str, torch.Tensor]:
 def _as_tensor(value) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
-    return torch.from_numpy(np.ascontiguousarray(value))
+    value = np.ascontiguousarray(value)
+    if not value.flags.writeable:
+        # Arrow's buffers (transform's batches) are read-only: a model that writes into its
+        # input in place must not change them (they may pass through to the output), and
+        # torch warns on every read-only array. One copy, small next to the model's work.
+        value = value.copy()
+    return torch.from_numpy(value)
 
 
 def describe(tensors) -> str:
