@@ -72,6 +72,7 @@ class LightningSpec:
     backward_passes_per_step: int
     package: str
     metric_names: List[str]
+    loss_weights: Optional[List[float]] = None
 
 
 class _Exchange:
@@ -261,7 +262,7 @@ class LightningWorker(WorkerAdapter):
         self.module = fw.module
         self.dtype = util.module_dtype(self.module)
         util.install_default_steps(self.module, fw.losses, fw.optimizer, spec.feature_cols,
-                                   spec.label_cols)
+                                   spec.label_cols, fw.loss_weights, spec.sample_weight_col)
         self.capture = util.LogCapture(self.module)
         # The user's callbacks are Lightning's; the shared loop gets one stand-in.
         self.callbacks = list(spec.callbacks or [])

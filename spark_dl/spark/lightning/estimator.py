@@ -305,7 +305,8 @@ class LightningEstimator(LightningEstimatorParamsAccessors, EstimatorBase):
             except Exception as e:
                 raise ValueError(f"transformation_fn failed on a batch of the training data "
                                  f"{described} ({type(e).__name__}: {e})") from e
-        util.install_default_steps(module, self._losses(), optimizer, features, labels)
+        util.install_default_steps(module, self._losses(), optimizer, features, labels,
+                                   self.getLossWeights(), self.getSampleWeightCol())
         capture = util.LogCapture(module)
         names = set()
 
@@ -369,7 +370,7 @@ class LightningEstimator(LightningEstimatorParamsAccessors, EstimatorBase):
             profiler=self.getProfiler(), log_every_n_steps=self.getLogEveryNSteps(),
             compression=self.getGradientCompression(),
             backward_passes_per_step=self.getBackwardPassesPerStep(), package=package,
-            metric_names=metric_names)
+            metric_names=metric_names, loss_weights=self.getLossWeights())
 
     def _trained_model(self, result: dict, run_id: str, dataset: Dataset, framework):
         from spark_dl.spark.launch.pickling import pickler

@@ -82,14 +82,20 @@ def overrides(module, name: str) -> bool:
     return name in vars(module) or (own is not None and own is not getattr(base, name, None))
 
 
-def _loss_of(losses, outputs, labels):
+def _loss_of(losses, outputs, labels, loss_weights=None, sample_weights=None):
+    """The default steps' loss: each output's loss (one loss for every output, or one per
+    label), times its ``loss_weights`` entry, summed. With ``sample_weights``, each row's loss
+    is weighted and the batch mean taken, as the torch estimator and Horovod do."""
+    from spark_dl.spark.torch.util import _per_sample
+
     outs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
     if len(outs) != len(labels):
         raise ValueError(f"the module returned {len(outs)} output(s) for {len(labels)} label "
                          "column(s): return one output per label column")
     fns = losses if len(losses) == len(labels) else losses * len(labels)
+    weights = list(loss_weights) if loss_weights is not None else [1.0] * len(labels)
     total = 0
-    for fn, out, label in zip(fns, outs, labels):
+    for fn, out, label, weight in zip(fns, outs, labels, weights):
         if label.is_floating_point() and label.shape != out.shape and label.numel() == out.numel():
             label = label.reshape(out.shape)
         elif (label.is_floating_point() and out.is_floating_point() and out.dim() > 1
@@ -97,26 +103,36 @@ def _loss_of(losses, outputs, labels):
             # One value per row for a wider output: a class index (Spark's StringIndexer
             # writes doubles), as the torch estimator reads it.
             label = label.reshape(-1).long()
-        total = total + fn(out, label)
+        if sample_weights is None:
+            value = fn(out, label)
+        else:
+            value = (_per_sample(fn, out, label) *
+                     sample_weights.reshape(-1).to(out.dtype)).mean()
+        total = total + (value * weight if weight != 1.0 else value)
     return total
 
 
-def install_default_steps(module, losses, optimizer, feature_cols, label_cols) -> None:
+def install_default_steps(module, losses, optimizer, feature_cols, label_cols,
+                          loss_weights=None, sample_weight_col=None) -> None:
     """Gives ``module`` what it does not define itself, from the estimator's params:
-    ``training_step``/``validation_step`` computing ``loss`` on ``forward(*features)`` and
-    logging ``train_loss``/``val_loss``, and ``configure_optimizers`` returning
-    ``optimizer``. Bound on the instance; the class is left alone."""
+    ``training_step``/``validation_step`` computing ``loss`` on ``forward(*features)``
+    (weighted by ``loss_weights`` and the rows' ``sample_weight_col``) and logging
+    ``train_loss``/``val_loss``, and ``configure_optimizers`` returning ``optimizer``. Bound
+    on the instance; the class is left alone."""
+    def step_loss(self, batch):
+        out = self(*feature_inputs(batch, feature_cols))
+        weights = batch[sample_weight_col] if sample_weight_col else None
+        return _loss_of(losses, out, [batch[c] for c in label_cols], loss_weights, weights)
+
     if losses and not overrides(module, "training_step"):
         def training_step(self, batch, batch_idx):
-            out = self(*feature_inputs(batch, feature_cols))
-            loss = _loss_of(losses, out, [batch[c] for c in label_cols])
+            loss = step_loss(self, batch)
             self.log("train_loss", loss)
             return loss
         module.training_step = types.MethodType(training_step, module)
     if losses and not overrides(module, "validation_step"):
         def validation_step(self, batch, batch_idx):
-            out = self(*feature_inputs(batch, feature_cols))
-            loss = _loss_of(losses, out, [batch[c] for c in label_cols])
+            loss = step_loss(self, batch)
             self.log("val_loss", loss, sync_dist=True)
             return loss
         module.validation_step = types.MethodType(validation_step, module)
