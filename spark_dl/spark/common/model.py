@@ -29,6 +29,7 @@ default column names. They come from the first output, for a model with one labe
 import collections
 import threading
 import uuid
+import warnings
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -280,7 +281,11 @@ def _transform_by_arrow_udf(df, key, shipped, features, specs, vector_dtype, out
                       ["vector_values" if k == "vector" else k for k in kinds], elements,
                       ml_kind, n_ml)
     schema = T.StructType([T.StructField(f, t, True) for f, t in zip(fields, types)])
-    udf = _arrow_udf()(fn.scalar_iter, schema, _scalar_iter_type())
+    with warnings.catch_warnings():
+        # pyspark 4.1+ prefers type hints to the UDF type; the function is built here, so
+        # the type is given and the user is not told about it.
+        warnings.filterwarnings("ignore", message=".*type hints for arrow UDF.*")
+        udf = _arrow_udf()(fn.scalar_iter, schema, _scalar_iter_type())
     out = df.withColumn(_TMP_COL, udf(*inputs))
     cols = [_col(c) for c in df.columns if c not in out_cols]
     for i, (name, kind) in enumerate(zip(out_cols, kinds)):
