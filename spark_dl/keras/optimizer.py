@@ -300,24 +300,6 @@ def wrap_in_place(optimizer, **kwargs):
     return optimizer
 
 
-def keras_layers(local_layers) -> list:
-    """``local_layers`` (None, one layer or several) as a list of Keras layers.
-
-    Raises:
-        InvalidArgumentError: an entry is not a Keras layer.
-    """
-    if local_layers is None:
-        return []
-    if isinstance(local_layers, keras.layers.Layer):
-        return [local_layers]
-    local_layers = list(local_layers)
-    bad = [type(layer).__name__ for layer in local_layers
-           if not isinstance(layer, keras.layers.Layer)]
-    if bad:
-        raise InvalidArgumentError(f"local_layers must be Keras layers, got {bad}")
-    return local_layers
-
-
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="",  # noqa: N802
                                 device_sparse="", compression=Compression.none,
                                 sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average,
@@ -335,7 +317,15 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="",  # noqa: 
         InvalidArgumentError: a ``local_layers`` entry is not a Keras layer, or as
             :func:`DistributedOptimizer`.
     """
-    local_layers = keras_layers(local_layers)
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    bad = [type(layer).__name__ for layer in local_layers
+           if not isinstance(layer, keras.layers.Layer)]
+    if bad:
+        raise InvalidArgumentError(f"local_layers must be Keras layers, got {bad}")
     opt = DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
         compression=compression, sparse_as_dense=sparse_as_dense,

@@ -152,14 +152,17 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", 
     The trainable weights of each Keras layer in ``local_layers`` (built by now: the tape
     has recorded them) are registered with :meth:`DistributedGradientTape.register_local_source`.
     """
-    from spark_dl.common.exceptions import InvalidArgumentError as SdlInvalidArgumentError
-    from spark_dl.keras.optimizer import keras_layers
-    from spark_dl.tensorflow.errors import as_tf_error
+    import keras
 
-    try:
-        local_layers = keras_layers(local_layers)
-    except SdlInvalidArgumentError as e:  # as the TensorFlow-typed twin, like every error here
-        raise as_tf_error(e) from None
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    bad = [type(layer).__name__ for layer in local_layers
+           if not isinstance(layer, keras.layers.Layer)]
+    if bad:
+        raise InvalidArgumentError(f"local_layers must be Keras layers, got {bad}")
     tape = DistributedGradientTape(
         gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
         gradient_predivide_factor, num_groups, groups, process_set,
