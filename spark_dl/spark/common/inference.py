@@ -11,6 +11,8 @@ A DataFrame holding a vector column takes a scalar-iterator Arrow UDF instead wh
 has one (4.1+; :meth:`ArrowPredict.scalar_iter`): only the features travel to Python.
 """
 
+import collections
+import threading
 from typing import List, Sequence
 
 import numpy as np
@@ -157,8 +159,6 @@ class ArrowPredict:
                   for c, a in zip(self.features, columns)}
         outputs = list(predictor.predict(arrays))
         if self.ml_kind is not None:
-            from spark_dl.spark.common.model import ml_columns
-
             outputs += ml_columns(self.ml_kind, np.asarray(outputs[0]))[:self.n_ml]
         return [output_array(out, kind, element, rows)
                 for out, kind, element in zip(outputs, self.kinds, self.elements)]
@@ -166,8 +166,6 @@ class ArrowPredict:
     def __call__(self, batches):
         """``mapInArrow``: whole batches in, the kept columns and the outputs out."""
         import pyarrow as pa
-
-        from spark_dl.spark.common.model import _executor_predictor
 
         predictor = _executor_predictor(self.key, self.shipped)
         for batch in batches:
@@ -182,8 +180,6 @@ class ArrowPredict:
         """A scalar-iterator Arrow UDF (pyspark >= 4.1): the feature columns in, one struct
         of the outputs (fields ``_0``, ``_1`` ...) out; the other columns stay in Spark."""
         import pyarrow as pa
-
-        from spark_dl.spark.common.model import _executor_predictor
 
         predictor = _executor_predictor(self.key, self.shipped)
         for columns in batches:
@@ -208,3 +204,55 @@ class ArrowPredict:
             else:
                 types.append(pa.list_(pa.float64()))
         return types
+
+
+# ----------------------------------------------------------------------------- executor side
+
+_predictors: "collections.OrderedDict[str, object]" = collections.OrderedDict()
+_predictors_lock = threading.Lock()
+_MAX_PREDICTORS = 2
+
+
+def _executor_predictor(key: str, shipped):
+    """The predictor of transform ``key``, unpickled once per Python worker from
+    ``shipped.value`` (see :func:`_ship_predictor`)."""
+    from spark_dl.spark.launch.pickling import pickler
+
+    with _predictors_lock:
+        predictor = _predictors.get(key)
+        if predictor is None:
+            predictor = pickler().loads(shipped.value)
+            predictor.prepare()
+            _predictors[key] = predictor
+            while len(_predictors) > _MAX_PREDICTORS:
+                _predictors.popitem(last=False)
+        else:
+            _predictors.move_to_end(key)
+        return predictor
+
+
+def ml_columns(kind: str, output: np.ndarray) -> List[np.ndarray]:
+    """pyspark.ml's (prediction, probability, raw prediction) of a model ``output`` whose
+    meaning is ``kind`` (see :data:`~spark_dl.spark.common.params.PREDICTION_KINDS`);
+    regression gives the prediction alone. Rows first; computed in float64."""
+    rows = output.shape[0]
+    out = np.asarray(output, dtype=np.float64).reshape(rows, -1)
+    if kind == "regression":
+        return [out[:, 0]]
+    if kind in ("binary_logits", "binary_probabilities"):
+        z = out[:, 0]
+        if kind == "binary_logits":
+            p = 0.5 * (1.0 + np.tanh(0.5 * z))  # sigmoid, without overflow
+            raw = np.stack([-z, z], axis=1)
+        else:
+            p = np.clip(z, 0.0, 1.0)
+            raw = np.stack([1.0 - p, p], axis=1)
+        return [(p > 0.5).astype(np.float64), np.stack([1.0 - p, p], axis=1), raw]
+    if kind == "logits":
+        shifted = np.exp(out - out.max(axis=1, keepdims=True))
+        prob = shifted / shifted.sum(axis=1, keepdims=True)
+    elif kind == "log_probabilities":
+        prob = np.exp(out)
+    else:
+        prob = out
+    return [np.argmax(out, axis=1).astype(np.float64), prob, out]

@@ -26,7 +26,6 @@ the model plugs into pyspark.ml's evaluators, ``CrossValidator`` and pipelines w
 default column names. They come from the first output, for a model with one label.
 """
 
-import collections
 import threading
 import uuid
 import warnings
@@ -412,55 +411,3 @@ def _upload_artifact(spark, blob: bytes) -> str:
     with _uploaded_lock:
         _uploaded.add(key)
     return name
-
-
-# ----------------------------------------------------------------------------- executor side
-
-_predictors: "collections.OrderedDict[str, object]" = collections.OrderedDict()
-_predictors_lock = threading.Lock()
-_MAX_PREDICTORS = 2
-
-
-def _executor_predictor(key: str, shipped):
-    """The predictor of transform ``key``, unpickled once per Python worker from
-    ``shipped.value`` (see :func:`_ship_predictor`)."""
-    from spark_dl.spark.launch.pickling import pickler
-
-    with _predictors_lock:
-        predictor = _predictors.get(key)
-        if predictor is None:
-            predictor = pickler().loads(shipped.value)
-            predictor.prepare()
-            _predictors[key] = predictor
-            while len(_predictors) > _MAX_PREDICTORS:
-                _predictors.popitem(last=False)
-        else:
-            _predictors.move_to_end(key)
-        return predictor
-
-
-def ml_columns(kind: str, output: np.ndarray) -> List[np.ndarray]:
-    """pyspark.ml's (prediction, probability, raw prediction) of a model ``output`` whose
-    meaning is ``kind`` (see :data:`~spark_dl.spark.common.params.PREDICTION_KINDS`);
-    regression gives the prediction alone. Rows first; computed in float64."""
-    rows = output.shape[0]
-    out = np.asarray(output, dtype=np.float64).reshape(rows, -1)
-    if kind == "regression":
-        return [out[:, 0]]
-    if kind in ("binary_logits", "binary_probabilities"):
-        z = out[:, 0]
-        if kind == "binary_logits":
-            p = 0.5 * (1.0 + np.tanh(0.5 * z))  # sigmoid, without overflow
-            raw = np.stack([-z, z], axis=1)
-        else:
-            p = np.clip(z, 0.0, 1.0)
-            raw = np.stack([1.0 - p, p], axis=1)
-        return [(p > 0.5).astype(np.float64), np.stack([1.0 - p, p], axis=1), raw]
-    if kind == "logits":
-        shifted = np.exp(out - out.max(axis=1, keepdims=True))
-        prob = shifted / shifted.sum(axis=1, keepdims=True)
-    elif kind == "log_probabilities":
-        prob = np.exp(out)
-    else:
-        prob = out
-    return [np.argmax(out, axis=1).astype(np.float64), prob, out]
