@@ -86,7 +86,9 @@ void Controller::RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, in
     AppendMerged(&ready, &groups, ps.cache.response(s));
     ps.cache.Touch(s);
   }
-  for (const Response& r : FuseResponses(std::move(ready), threshold)) {
+  std::vector<Response> fused = FuseResponses(std::move(ready), threshold);
+  if (timeline_ && timeline_->on()) TimelineReady(ps, fused, true);
+  for (const Response& r : fused) {
     counters_.cache_hits += static_cast<int64_t>(r.names.size());
     execute_(ps, r, true);
   }
@@ -112,6 +114,8 @@ void Controller::Negotiate(ProcessSet& ps, const Config& cfg) {
     for (int q = 0; q < ps.size(); ++q) {
       bool joined = false, unused = false;
       std::vector<Request> reqs = DecodeRequests(all[q], &joined, &unused);
+      if (timeline_ && timeline_->on())
+        for (const Request& rq : reqs) timeline_->Tick(ps.id, rq.name, ps.ranks[q], SteadySeconds());
       CoordinatorAdd(ps, q, std::move(reqs), joined);
     }
     std::vector<std::string> warnings;
@@ -127,9 +131,21 @@ void Controller::Negotiate(ProcessSet& ps, const Config& cfg) {
     out = EncodeResponses(ready);
   }
   ps.comm->BroadcastBytes(&out, 0);
-  for (const Response& r : DecodeResponses(out)) {
+  std::vector<Response> responses = DecodeResponses(out);
+  if (timeline_ && timeline_->on()) TimelineReady(ps, responses, false);
+  for (const Response& r : responses) {
     counters_.negotiated += static_cast<int64_t>(r.names.size());
     execute_(ps, r, false);
+  }
+}
+
+void Controller::TimelineReady(ProcessSet& ps, const std::vector<Response>& responses,
+                               bool cached) {
+  const double now = SteadySeconds();
+  for (const Response& r : responses) {
+    if (!r.error.empty() || r.names.empty() || r.op > OpType::kBarrier) continue;
+    auto it = ps.pending.find(r.names[0]);
+    timeline_->Ready(ps.id, r, it == ps.pending.end() ? now : it->second.since, now, cached);
   }
 }
 

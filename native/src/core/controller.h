@@ -37,6 +37,7 @@
 #include "common/message.h"
 #include "core/counters.h"
 #include "core/process_set.h"
+#include "core/timeline.h"
 
 namespace sdl {
 
@@ -57,14 +58,19 @@ class Controller {
   // Global ranks that asked to stop in the cycle that stopped (empty before).
   const std::vector<int32_t>& stopping_ranks() const { return stopping_ranks_; }
 
+  // Rank 0's timeline: readiness ticks and ready responses (core/timeline.h).
+  void set_timeline(Timeline* t) { timeline_ = t; }
+
  private:
   void RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, int64_t threshold);
   void Negotiate(ProcessSet& ps, const Config& cfg);
+  void TimelineReady(ProcessSet& ps, const std::vector<Response>& responses, bool cached);
 
   Counters& counters_;
   ExecuteFn execute_;
   LogFn log_;
   std::vector<int32_t> stopping_ranks_;
+  Timeline* timeline_ = nullptr;
 };
 
 }  // namespace sdl

@@ -57,6 +57,8 @@ void Runtime::Execute(ProcessSet& ps, const Response& r, bool from_cache) {
     }
     if (to_cache.size() != r.names.size()) to_cache.clear();
   }
+  const bool traced = timeline_ && timeline_->on() && r.op <= OpType::kBarrier;
+  if (traced) timeline_->Begin(ps.id, r, TimelineNow());
   switch (r.op) {
     case OpType::kAllreduce: ExecAllreduce(ps, r); break;
     case OpType::kAllgather: ExecAllgather(ps, r); break;
@@ -83,6 +85,7 @@ void Runtime::Execute(ProcessSet& ps, const Response& r, bool from_cache) {
     case OpType::kProcessSetAdd:
     case OpType::kProcessSetRemove: ExecProcessSetChange(ps, r); break;
   }
+  if (traced) timeline_->End(ps.transport, TimelineNow());
   for (size_t i = 0; i < to_cache.size(); ++i) {
     Response single = r;
     single.names = {r.names[i]};

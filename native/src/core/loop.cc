@@ -123,6 +123,7 @@ void Runtime::RunCycleLocked() {
     // Asynchronous device errors (NCCL) of work queued in earlier cycles end the
     // runtime like a failed cycle, on whichever thread runs the cycles.
     ThrowIfError(ops_.Poll());
+    if (timeline_ && timeline_->on() && timeline_->mark_cycles()) timeline_->Cycle(TimelineNow());
     std::shared_ptr<ProcessSet> world = FindSet(0);
     Intake(*world);
     if (controller_.Cycle(*world, config(), true, shutdown_requested_.load())) {

@@ -87,6 +87,12 @@ Runtime::Runtime(RuntimeOptions opts)
     for (auto& [k, v] : config_.Items()) s << " " << k << "=" << v;
     Log(1, s.str());
   }
+  if (t.rank == 0) {
+    timeline_ = std::make_unique<Timeline>(static_cast<size_t>(config_.timeline_queue_capacity));
+    controller_.set_timeline(timeline_.get());
+    ops_.set_timeline(timeline_.get());
+    if (!config_.timeline.empty()) timeline_->Start(config_.timeline, config_.timeline_mark_cycles);
+  }
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "sdl_background");  // named in top, perf, gdb
     Loop();
@@ -528,6 +534,17 @@ void Runtime::Shutdown() {
   shutdown_requested_.store(true);
   WakeBackground(true);
   if (thread_.joinable()) thread_.join();
+  StopTimeline();
+}
+
+bool Runtime::StartTimeline(const std::string& path, bool mark_cycles) {
+  if (!timeline_) return false;
+  timeline_->Start(path, mark_cycles);
+  return true;
+}
+
+void Runtime::StopTimeline() {
+  if (timeline_) timeline_->Stop();
 }
 
 }  // namespace sdl

@@ -31,6 +31,7 @@
 #include "core/counters.h"
 #include "core/handles.h"
 #include "core/process_set.h"
+#include "core/timeline.h"
 #include "ops/operations.h"
 
 namespace gloo {
@@ -133,6 +134,12 @@ class Runtime {
   Config config();
   void SetKnob(const std::string& name, const std::string& value);
   bool failed() const { return failed_.load(); }
+  // Starts/stops rank 0's timeline (core/timeline.h) at run time; on other
+  // ranks both do nothing and StartTimeline returns false (only rank 0 sees
+  // every rank's readiness). Throws when the file cannot be created.
+  bool StartTimeline(const std::string& path, bool mark_cycles);
+  void StopTimeline();
+  Timeline* timeline() { return timeline_.get(); }
 
  private:
   std::shared_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
@@ -221,6 +228,7 @@ class Runtime {
   // Set when the ranks agreed to stop because others asked: the ranks that did.
   std::vector<int32_t> stopped_by_peers_;
   std::thread thread_;
+  std::unique_ptr<Timeline> timeline_;  // rank 0 only
 };
 
 }  // namespace sdl

@@ -1,8 +1,10 @@
 #include "ops/operations.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 
+#include "core/timeline.h"
 #include "ops/host_backends.h"
 
 namespace sdl {
@@ -275,6 +277,19 @@ Status Operations::AllreduceInPlace(OpBackend* b, DeviceMemory* m, const OpConte
   return Status::OK();
 }
 
+// The timeline's name of the transport phase: the backend, or for host
+// tensors the set's transport (SHM_ALLREDUCE, GLOO_..., HIERARCHICAL_...,
+// HOST_STAGED_SHM_... for device memory staged through the host).
+static std::string TransportPhase(const OpBackend* b, const ProcessSet& ps, OpType op) {
+  std::string kind = std::strcmp(b->name(), "host transport") == 0 ? ps.transport
+                     : std::strcmp(b->name(), "host-staged transport") == 0
+                         ? "host_staged_" + ps.transport
+                         : std::string(b->name());
+  kind = kind + "_" + OpTypeName(op);
+  for (char& c : kind) c = c == ' ' || c == '-' ? '_' : static_cast<char>(std::toupper(c));
+  return kind;
+}
+
 Status Operations::Allreduce(ProcessSet& ps, const Response& r, const std::vector<Entry*>& entries) {
   const Device d = DeviceFor(r, entries);
   OpBackend* b = nullptr;
@@ -295,6 +310,7 @@ Status Operations::Allreduce(ProcessSet& ps, const Response& r, const std::vecto
   if (entries.size() == 1 && entries[0]) {
     Entry& e = *entries[0];
     const size_t n = static_cast<size_t>(Elements(r.shapes[0]));
+    const double t0 = timeline_ && timeline_->on() ? TimelineNow() : 0;
     if (r.prescale == 1.0) {
       // Out of place the backend reads the input itself: no copy first.
       SDL_RETURN_IF_ERROR(b->Allreduce(ctx, e.in, e.out, n, r.dtype, TransportOp(r.reduce)));
@@ -307,12 +323,15 @@ Status Operations::Allreduce(ProcessSet& ps, const Response& r, const std::vecto
       CopyEntry c{e.out, e.out, n};
       SDL_RETURN_IF_ERROR(m->BatchedCopy(d, &c, 1, r.dtype, post));
     }
+    if (t0 > 0) timeline_->Phase(TransportPhase(b, ps, r.op), t0, TimelineNow());
     return SignalOutputs(m, d, entries);
   }
   // Fused host tensors reduced in place: the transport may take them where they
   // are (shared memory does), sparing the pack and unpack copies.
   bool done = false;
+  const double t0 = timeline_ && timeline_->on() ? TimelineNow() : 0;
   SDL_RETURN_IF_ERROR(AllreduceInPlace(b, m, ctx, entries, post, &done));
+  if (done && t0 > 0) timeline_->Phase(TransportPhase(b, ps, r.op) + "_IN_PLACE", t0, TimelineNow());
   if (done) return SignalOutputs(m, d, entries);
   // Fused (or this rank joined and contributes zeros): pack, reduce once, unpack.
   // On a device each entry starts at a kDeviceFusionAlignment boundary, so the
@@ -339,11 +358,19 @@ Status Operations::Allreduce(ProcessSet& ps, const Response& r, const std::vecto
     pack[i].dst = buf + at[i];
     if (entries[i]) unpack[u++].src = buf + at[i];
   }
+  const double t1 = t0 > 0 ? TimelineNow() : 0;
   SDL_RETURN_IF_ERROR(m->BatchedCopy(d, pack.data(), static_cast<int>(pack.size()), r.dtype,
                                      PreScaling(r.prescale)));
+  const double t2 = t0 > 0 ? TimelineNow() : 0;
   SDL_RETURN_IF_ERROR(b->Allreduce(ctx, buf, buf, total, r.dtype, TransportOp(r.reduce)));
+  const double t3 = t0 > 0 ? TimelineNow() : 0;
   SDL_RETURN_IF_ERROR(m->BatchedCopy(d, unpack.data(), static_cast<int>(unpack.size()), r.dtype,
                                      post));
+  if (t0 > 0) {  // one call per phase, after the copies (device copies are only queued)
+    timeline_->Phase("MEMCPY_IN_FUSION_BUFFER", t1, t2);
+    timeline_->Phase(TransportPhase(b, ps, r.op), t2, t3);
+    timeline_->Phase("MEMCPY_OUT_FUSION_BUFFER", t3, TimelineNow());
+  }
   return SignalOutputs(m, d, entries);
 }
 

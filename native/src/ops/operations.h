@@ -28,6 +28,8 @@
 #include "ops/backend.h"
 #include "ops/device_memory.h"
 
+namespace sdl { class Timeline; }
+
 namespace sdl {
 
 class Operations {
@@ -80,8 +82,11 @@ class Operations {
   void ReleaseSet(int32_t ps_id);
   // Fusion buffers held now, as (device, dtype, set) keys (for tests).
   std::vector<std::tuple<Device, DataType, int32_t>> FusionKeys() const;
+  // Rank 0's timeline (core/timeline.h): allreduce reports its inner phases.
+  void set_timeline(Timeline* t) { timeline_ = t; }
 
  private:
+  Timeline* timeline_ = nullptr;
   struct Registered {
     int priority;
     std::unique_ptr<OpBackend> backend;

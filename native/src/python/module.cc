@@ -578,8 +578,16 @@ NB_MODULE(SDL_MODULE_NAME, m) {
         {"collectives", c.collectives}, {"fused_tensors", c.fused_tensors},
         {"tensors", c.tensors}, {"bytes", c.bytes}};
     for (auto& [k, v] : Rt().operations().Counters()) d[k] = v;
+    if (Timeline* t = Rt().timeline()) {  // rank 0: the current or last timeline session
+      d["timeline_records"] = t->written();
+      d["timeline_dropped"] = t->dropped();
+    }
     return d;
   });
   m.def("config", [] { return Rt().config().Items(); });
   m.def("set_knob", [](const std::string& name, const std::string& value) { Rt().SetKnob(name, value); });
+  m.def("start_timeline", [](const std::string& path, bool mark_cycles) {
+    return Rt().StartTimeline(path, mark_cycles);
+  }, "path"_a, "mark_cycles"_a = false);
+  m.def("stop_timeline", [] { Rt().StopTimeline(); });
 }
