@@ -17,7 +17,8 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "gloo_built",
     "gloo_enabled", "mpi_built", "mpi_enabled", "nccl_built", "cuda_built", "rocm_built",
-    "ddl_built", "ccl_built", "counters", "set_knob", "transport",
+    "ddl_built", "ccl_built", "counters", "set_knob", "transport", "start_timeline",
+    "stop_timeline",
 ]
 
 _TOPOLOGY_VARS = {
@@ -314,5 +315,37 @@ def transport(process_set=None):
     ps_id = 0 if process_set is None else process_set.process_set_id
     try:
         return _core.transport(ps_id)
+    except _core.CoreError as e:
+        raise_from_core(e)
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing the timeline (a Chrome-trace JSON file) to ``file_path``.
+
+    Only rank 0 writes: its coordinator sees when every rank reports a tensor
+    ready. Any rank may call it (Horovod's scripts call it on every rank); on
+    the others it does nothing. A timeline already running is stopped first
+    and its file closed. ``SDL_TIMELINE`` (or ``HOROVOD_TIMELINE``) starts one
+    at :func:`init` instead. See docs/observability.md.
+
+    Args:
+        file_path: where rank 0 writes the trace (truncated if it exists).
+        mark_cycles: also mark every negotiation cycle (``CYCLE_START``).
+
+    Returns:
+        True on the rank that writes the file (rank 0), else False.
+    """
+    try:
+        return bool(_core.start_timeline(os.fspath(file_path), bool(mark_cycles)))
+    except _core.CoreError as e:
+        raise_from_core(e)
+
+
+def stop_timeline():
+    """Stops the timeline: rank 0 writes what is queued, the count of dropped
+    records, and closes the file (which stays valid JSON). Does nothing where
+    no timeline runs (and on other ranks than 0)."""
+    try:
+        _core.stop_timeline()
     except _core.CoreError as e:
         raise_from_core(e)

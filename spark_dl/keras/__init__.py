@@ -20,7 +20,7 @@ import keras
 from spark_dl.common.basics import (  # noqa: F401 - re-exported
     cross_rank, cross_size, gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
     local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-    shutdown, size)
+    shutdown, size, start_timeline, stop_timeline)
 from spark_dl.common.exceptions import (  # noqa: F401
     HorovodInternalError, InvalidArgumentError, NotInitializedError, SdlError)
 from spark_dl.common.objects import allgather_object, broadcast_object  # noqa: F401
@@ -37,7 +37,7 @@ from spark_dl.keras.sync_batch_norm import SyncBatchNormalization
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
     "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
-    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built",
+    "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "start_timeline", "stop_timeline",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "DistributedOptimizer", "PartialDistributedOptimizer", "SyncBatchNormalization",

@@ -223,6 +223,12 @@ def make_parser() -> argparse.ArgumentParser:
                              "(--mpi: Open MPI's oob/btl_tcp_if_include; a comma list "
                              "there). Default: SDL_GLOO_IFACE, else "
                              "the interface on the route to the first remote host")
+    parser.add_argument("--timeline-filename", metavar="PATH",
+                        help="rank 0 writes a Chrome-trace timeline of the core to PATH "
+                             "(sets SDL_TIMELINE for the workers; docs/observability.md)")
+    parser.add_argument("--timeline-mark-cycles", action="store_true",
+                        help="the timeline also marks every negotiation cycle "
+                             "(SDL_TIMELINE_MARK_CYCLES)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="program and arguments")
     return parser
 
@@ -244,9 +250,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    rendezvous_addr=args.rendezvous_addr, network_interface=args.nic)
     if args.start_timeout is not None:  # else LaunchOptions reads the knob
         options["start_timeout"] = args.start_timeout
+    env = {}  # the workers' knobs these flags set (a relative path is the workers' cwd's)
+    if args.timeline_filename:
+        env["SDL_TIMELINE"] = args.timeline_filename
+    if args.timeline_mark_cycles:
+        env["SDL_TIMELINE_MARK_CYCLES"] = "1"
     try:
         return run_command(command, args.np, hosts=args.hosts, hostfile=args.hostfile,
-                           **options)
+                           env=env or None, **options)
     except (ValueError, OSError, LaunchError) as exc:
         print(f"sdlrun: error: {exc}", file=sys.stderr)
         return 2

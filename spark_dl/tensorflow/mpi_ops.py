@@ -23,7 +23,8 @@ import tensorflow as tf
 from spark_dl.common.basics import (  # noqa: F401 - re-exported
     ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
+    stop_timeline)
 from spark_dl.common import ops as _ops
 from spark_dl.common.exceptions import raise_from_core
 from spark_dl.common.handles import synchronize
@@ -41,7 +42,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
     "local_rank", "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled",
     "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
-    "cuda_built", "rocm_built",
+    "cuda_built", "rocm_built", "start_timeline", "stop_timeline",
     "Average", "Sum", "Adasum", "Min", "Max", "Product",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",

@@ -21,14 +21,14 @@ The in-place forms (``allreduce_``, ``broadcast_``, ...) and the ``*_async``
 forms do not record autograd history, as in Horovod.
 """
 
-import warnings
 
 import torch
 
 from spark_dl.common.basics import (  # noqa: F401 - re-exported
     ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init,
     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
-    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+    mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
+    stop_timeline)
 from spark_dl.common.handles import poll, synchronize  # noqa: F401 - re-exported
 from spark_dl.common.ops import (  # noqa: F401 - re-exported
     Adasum, Average, Max, Min, Product, Sum, resolve_op, set_rank, set_size)
@@ -56,22 +56,6 @@ __all__ = [
     "grouped_reducescatter", "grouped_reducescatter_async",
     "join", "barrier", "poll", "synchronize",
 ]
-
-_timeline_warned = False
-
-
-def start_timeline(file_path, mark_cycles=False):
-    """Accepted for Horovod compatibility; spark_dl has no timeline yet (warns once)."""
-    global _timeline_warned
-    if not _timeline_warned:
-        warnings.warn("spark_dl does not record a timeline; start_timeline() does nothing "
-                      "(use counters() for what the core did)", stacklevel=2)
-        _timeline_warned = True
-
-
-def stop_timeline():
-    """Accepted for Horovod compatibility (see :func:`start_timeline`)."""
-
 
 def _grad_name(name, suffix="grad"):
     """The name of a backward collective: derived from the forward's name when it has one."""

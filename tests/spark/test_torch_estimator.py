@@ -102,7 +102,8 @@ def df(spark):
 def fitted(spark, store, df):
     """One fit shared by the tests that only look at its result."""
     out = io.StringIO()
-    est = estimator(store, run_id="shared", callbacks=[LrProbe(0.1)])  # 0.05 x 2 workers
+    est = estimator(store, run_id="shared", callbacks=[LrProbe(0.1)],  # 0.05 x 2 workers
+                    backend_env={"SDL_SPARK_TIMELINE": "timeline.json"})
     from contextlib import redirect_stdout
     with redirect_stdout(out):
         model = est.fit(df)
@@ -136,6 +137,16 @@ def test_fit_learns_reports_and_checkpoints(fitted, store):
     assert any("tfevents" in p for p in logs)
     assert model.getRunId() == "shared"
     assert model.timings["first_step_s"] > 0
+
+
+def test_timeline_knob_puts_the_trace_in_the_run_folder(fitted, store):
+    # SDL_SPARK_TIMELINE (in backend_env): rank 0's trace lands in runs/<run_id>/.
+    import json
+    import posixpath
+
+    events = json.loads(store.read(posixpath.join(store.get_run_path("shared"), "timeline.json")))
+    assert any(e["name"] == "ALLREDUCE" for e in events)
+    assert any(e["name"] == "timeline_stats" for e in events)
 
 
 def test_transform_matches_local_model_on_double_vectors(fitted, df):

@@ -1,7 +1,9 @@
 """spark_dl.torch in one process (rank 0 of 1): Horovod's names, tensor handling through
 DLPack (layouts, dtypes, tensors that require grad), compression, argument checks."""
 
-import warnings
+import json
+import os
+import tempfile
 
 import pytest
 import torch
@@ -157,15 +159,18 @@ def test_compression_casts_floats_only(compressor):
 def test_objects_and_timeline_on_one_rank():
     assert hvd.broadcast_object({"a": [1, 2]}) == {"a": [1, 2]}
     assert hvd.allgather_object(("x", 1)) == [("x", 1)]
-    from spark_dl.torch import mpi_ops
-
-    mpi_ops._timeline_warned = False
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        hvd.start_timeline("/tmp/unused.json")
-        hvd.start_timeline("/tmp/unused.json")
-        hvd.stop_timeline()
-    assert len(caught) == 1 and "does not record a timeline" in str(caught[0].message)
+    # One rank is rank 0: it writes the trace (a second start replaces the first file).
+    path = os.path.join(tempfile.mkdtemp(), "timeline.json")
+    assert hvd.start_timeline(path) is True
+    assert hvd.start_timeline(path, mark_cycles=True) is True
+    hvd.allreduce(torch.ones(3), name="timeline.probe")
+    hvd.stop_timeline()
+    hvd.stop_timeline()  # idempotent
+    with open(path) as f:
+        events = json.load(f)
+    assert any(e["name"] == "ALLREDUCE" for e in events)
+    with pytest.raises(hvd.InvalidArgumentError, match="timeline"):
+        hvd.start_timeline("/nonexistent-dir/timeline.json")
 
 
 def test_broadcast_parameters_argument_checks():

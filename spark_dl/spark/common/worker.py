@@ -23,10 +23,16 @@ framework binding), so it needs no framework.
 
 import dataclasses
 import math
+import os
+import posixpath
+import shutil
+import tempfile
 import time
 from typing import Any, List, Optional
 
 import numpy as np
+
+from spark_dl.config import knobs
 
 __all__ = ["TrainSpec", "train", "Sums", "callbacks_call"]
 
@@ -139,9 +145,35 @@ def train(blob: bytes) -> dict:
     spec.adapter.before_init()  # e.g. start slow imports that overlap the rendezvous
     sdl.init()
     t_init = time.time()
-    worker = _Worker(spec, sdl)
-    worker.timings.update(start=t_start, imported=t_imported, initialized=t_init)
-    return worker.run()
+    timeline = _start_timeline(spec, sdl)
+    try:
+        worker = _Worker(spec, sdl)
+        worker.timings.update(start=t_start, imported=t_imported, initialized=t_init)
+        return worker.run()
+    finally:
+        if timeline:
+            _upload_timeline(spec, sdl, timeline)
+
+
+def _start_timeline(spec: TrainSpec, sdl) -> Optional[str]:
+    """Rank 0 records the core's timeline to a local file when the knob
+    ``SDL_SPARK_TIMELINE`` names one (docs/observability.md); its local path."""
+    name = knobs.value("spark_timeline")
+    if not name or sdl.rank() != 0 or not spec.remote_store.run_path:
+        return None
+    local = os.path.join(tempfile.mkdtemp(prefix="sdl-timeline-"), posixpath.basename(name))
+    sdl.start_timeline(local, mark_cycles=knobs.value("timeline_mark_cycles"))
+    return local
+
+
+def _upload_timeline(spec: TrainSpec, sdl, local: str) -> None:
+    """Stops the timeline and copies it into the run's folder in the Store (also when
+    training failed: then it shows where)."""
+    sdl.stop_timeline()
+    name = posixpath.basename(local)
+    with open(local, "rb") as f:
+        spec.remote_store.write(posixpath.join(spec.remote_store.run_path, name), f.read())
+    shutil.rmtree(os.path.dirname(local), ignore_errors=True)
 
 
 class _Worker:
