@@ -47,7 +47,11 @@ std::string Upper(const char* s) {
   return u;
 }
 
-// Pairs records into spans, one row per tensor (writer thread only).
+// Pairs records into spans, one row per tensor (writer thread only). The
+// writer's CPU time is the timeline's main cost on a busy host (it grows with
+// tensors x phases), so events are appended without temporaries: phase names
+// are the core's own (never escaped), each row keeps its ","pid":0,"tid":N"
+// text, and times are printed from integer nanoseconds.
 class Formatter {
  public:
   explicit Formatter(double t0) : t0_(t0) {}
@@ -58,43 +62,54 @@ class Formatter {
       case Timeline::Kind::kTick: {
         Row& row = RowOf(rec.ps, rec.name, out);
         if (row.negotiate < 0) row.negotiate = rec.t0;
-        Event(out, "i", "rank " + std::to_string(rec.rank) + " ready", row.tid, rec.t0);
-        *out += ",\"s\":\"t\",\"args\":{\"rank\":" + std::to_string(rec.rank) + "}}";
+        const std::string rank = std::to_string(rec.rank);
+        Open(out, "rank ");
+        *out += rank;
+        *out += " ready\",\"ph\":\"i\"";
+        At(out, row, rec.t0);
+        *out += ",\"s\":\"t\",\"args\":{\"rank\":";
+        *out += rank;
+        *out += "}}";
         break;
       }
-      case Timeline::Kind::kReady:
+      case Timeline::Kind::kReady: {
+        const std::string phase = "NEGOTIATE_" + Upper(OpTypeName(rec.op));
         for (const std::string& name : *rec.names) {
           Row& row = RowOf(rec.ps, name, out);
-          const double start = row.negotiate >= 0 ? row.negotiate : rec.t0;
-          Span(out, "NEGOTIATE_" + Upper(OpTypeName(rec.op)), row.tid, start, rec.t1);
+          Span(out, phase, row, row.negotiate >= 0 ? row.negotiate : rec.t0, rec.t1);
           *out += rec.cached ? ",\"args\":{\"cached\":true}}" : "}";
           row.negotiate = -1;
           row.ready = rec.t1;
         }
         break;
+      }
       case Timeline::Kind::kSpan:
         for (const std::string& name : *rec.names) {
-          Row& row = RowOf(rec.ps, name, out);
-          Span(out, rec.name, row.tid, rec.t0, rec.t1);
+          Span(out, rec.name, RowOf(rec.ps, name, out), rec.t0, rec.t1);
           *out += "}";
         }
         break;
-      case Timeline::Kind::kOuter:
+      case Timeline::Kind::kOuter: {
+        const std::string phase = Upper(OpTypeName(rec.op));
+        std::string args = ",\"args\":{\"transport\":\"";
+        AppendEscaped(&args, rec.name);
+        args += "\",\"tensors\":" + std::to_string(rec.names->size()) + "}}";
         for (const std::string& name : *rec.names) {
           Row& row = RowOf(rec.ps, name, out);
           if (row.ready >= 0) {
-            Span(out, "QUEUE", row.tid, row.ready, rec.t0);
+            Span(out, "QUEUE", row, row.ready, rec.t0);
             *out += "}";
             row.ready = -1;
           }
-          Span(out, Upper(OpTypeName(rec.op)), row.tid, rec.t0, rec.t1);
-          *out += ",\"args\":{\"transport\":\"";
-          AppendEscaped(out, rec.name);
-          *out += "\",\"tensors\":" + std::to_string(rec.names->size()) + "}}";
+          Span(out, phase, row, rec.t0, rec.t1);
+          *out += args;
         }
         break;
+      }
       case Timeline::Kind::kCycle:
-        Event(out, "i", "CYCLE_START", 0, rec.t0);
+        Open(out, "CYCLE_START");
+        *out += "\",\"ph\":\"i\"";
+        At(out, cycles_, rec.t0);
         *out += ",\"s\":\"p\"}";
         break;
     }
@@ -102,47 +117,68 @@ class Formatter {
 
  private:
   struct Row {
-    int tid = 0;
+    std::string ids;        // ,"pid":0,"tid":N
     double negotiate = -1;  // first tick not yet closed by a ready
     double ready = -1;      // ready, execution not yet started
   };
 
   Row& RowOf(int32_t ps, const std::string& name, std::string* out) {
+    if (ps == 0) {  // the common case: look up without building a key
+      auto it = rows_.find(name);
+      if (it != rows_.end()) return it->second;
+    }
     std::string key = ps == 0 ? name : name + " (process set " + std::to_string(ps) + ")";
     auto it = rows_.find(key);
     if (it != rows_.end()) return it->second;
+    const std::string tid = std::to_string(rows_.size() + 1);  // tid 0: cycle markers
     Row row;
-    row.tid = static_cast<int>(rows_.size()) + 1;  // tid 0: cycle markers
-    *out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" +
-            std::to_string(row.tid) + ",\"args\":{\"name\":\"";
+    row.ids = ",\"pid\":0,\"tid\":" + tid;
+    *out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\"" + row.ids + ",\"args\":{\"name\":\"";
     AppendEscaped(out, key);
-    *out += "\"}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":0,\"tid\":" +
-            std::to_string(row.tid) + ",\"args\":{\"sort_index\":" + std::to_string(row.tid) +
-            "}}";
-    return rows_.emplace(std::move(key), row).first->second;
+    *out += "\"}},\n{\"name\":\"thread_sort_index\",\"ph\":\"M\"" + row.ids +
+            ",\"args\":{\"sort_index\":" + tid + "}}";
+    return rows_.emplace(std::move(key), std::move(row)).first->second;
   }
 
-  std::string Us(double t) const {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3f", (t - t0_) * 1e6);
-    return buf;
+  // Microseconds with three decimals, from integer nanoseconds.
+  static void Micros(std::string* out, double seconds) {
+    int64_t ns = static_cast<int64_t>(seconds * 1e9 + 0.5);
+    if (ns < 0) {
+      *out += '-';
+      ns = -ns;
+    }
+    char buf[24];
+    int n = 0;
+    const int64_t frac = ns % 1000;
+    for (int64_t us = ns / 1000; n == 0 || us > 0; us /= 10) buf[n++] = static_cast<char>('0' + us % 10);
+    while (n) *out += buf[--n];
+    *out += '.';
+    *out += static_cast<char>('0' + frac / 100);
+    *out += static_cast<char>('0' + frac / 10 % 10);
+    *out += static_cast<char>('0' + frac % 10);
   }
 
-  // Opens an event object (the caller closes it, possibly after args).
-  void Event(std::string* out, const char* ph, const std::string& name, int tid, double t) {
+  // Starts an event: ,\n{"name":"<name (unescaped: the core's own)>
+  static void Open(std::string* out, const std::string& name) {
     *out += ",\n{\"name\":\"";
-    AppendEscaped(out, name);
-    *out += "\",\"ph\":\"";
-    *out += ph;
-    *out += "\",\"pid\":" + std::to_string(kPid) + ",\"tid\":" + std::to_string(tid) +
-            ",\"ts\":" + Us(t);
+    *out += name;
   }
-  void Span(std::string* out, const std::string& name, int tid, double t0, double t1) {
-    Event(out, "X", name, tid, t0);
-    *out += ",\"dur\":" + Us(t0_ + std::max(t1 - t0, 0.0));
+  void At(std::string* out, const Row& row, double t) {
+    *out += row.ids;
+    *out += ",\"ts\":";
+    Micros(out, t - t0_);
+  }
+  // A complete event up to its closing brace (the caller adds args and "}").
+  void Span(std::string* out, const std::string& name, const Row& row, double t0, double t1) {
+    Open(out, name);
+    *out += "\",\"ph\":\"X\"";
+    At(out, row, t0);
+    *out += ",\"dur\":";
+    Micros(out, std::max(t1 - t0, 0.0));
   }
 
   double t0_;
+  Row cycles_{",\"pid\":0,\"tid\":0"};
   std::unordered_map<std::string, Row> rows_;
 };
 
