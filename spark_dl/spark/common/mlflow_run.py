@@ -338,6 +338,31 @@ class MlflowLogger:
 
         with tempfile.TemporaryDirectory(prefix="spark_dl_mlflow_") as tmp:
             path = os.path.join(tmp, "model")
-            mlflow.spark.save_model(model, path)
+            mlflow.spark.save_model(model, path, pip_requirements=_requirements(model))
             self._client.log_artifacts(self.run_id, path, "model")
         notes.append(f"model logged: mlflow.spark.load_model('runs:/{self.run_id}/model')")
+
+
+#: The packages a framework's model needs beside pyspark (distribution names).
+_FRAMEWORK_DISTRIBUTIONS = {"torch": ("torch",),
+                            "keras": ("tensorflow", "tensorflow-cpu", "keras"),
+                            "lightning": ("torch", "lightning", "pytorch-lightning")}
+
+
+def _requirements(model) -> List[str]:
+    """The model's pip requirements, given to MLflow: without them MLflow infers them by
+    loading the model in a new process with its own Spark session (minutes on a small
+    machine). pyspark, cloudpickle, spark_dl and the framework, at the versions running
+    (local version labels such as torch's ``+cpu`` dropped: pip cannot resolve them)."""
+    import importlib.metadata as md
+
+    framework = type(model).__module__.split(".")[2:3]  # spark_dl.spark.<framework>.model
+    names = ("pyspark", "cloudpickle", "spark_dl") + \
+        _FRAMEWORK_DISTRIBUTIONS.get(framework[0] if framework else "", ())
+    reqs = []
+    for name in names:
+        try:
+            reqs.append(f"{name}=={md.version(name).split('+')[0]}")
+        except md.PackageNotFoundError:
+            continue
+    return reqs
