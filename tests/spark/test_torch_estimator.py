@@ -442,7 +442,9 @@ def test_params_table_accessors_copy_and_signature():
     horovod = set(HOROVOD_TORCH_PARAMS) | {"terminate_on_nan", "allow_nonfinite",
                                            "scale_learning_rate", "prediction_kind",
                                            "transformation_edit_fields",
-                                           "transformation_removed_fields"}
+                                           "transformation_removed_fields",
+                                           "mlflow", "mlflow_tracking_uri",
+                                           "mlflow_experiment"}
     assert names == horovod
     assert {p.name for p in est.params} == horovod
     assert "batch_size: rows per training batch" in est.explainParams()
