@@ -95,6 +95,9 @@ def test_a_failed_fit_ends_its_run_failed_and_a_bad_store_is_a_warning(tmp_path,
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     uri = (tmp_path / "mlruns").as_uri()
     logger = MlflowLogger({}, {}, FakeStore(), "r2", tracking_uri=uri)
+    # nothing happens before the first event or finish(): a fit failing before its workers
+    # start leaves no run and no thread
+    assert logger._thread is None and not (tmp_path / "mlruns").exists()
     said = []
     logger.finish(None, None, said.append)
     assert mlflow.tracking.MlflowClient(uri).get_run(logger.run_id).info.status == "FAILED"

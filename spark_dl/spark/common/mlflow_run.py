@@ -165,9 +165,17 @@ class MlflowLogger:
         self._logged_epochs = set()
         self._errors: List[str] = []
         self._queue: "queue.Queue[Optional[Tuple[Callable, tuple]]]" = queue.Queue()
-        self._thread = threading.Thread(target=self._work, name="spark_dl-mlflow", daemon=True)
-        self._thread.start()
-        self._queue.put((self._open, ()))
+        self._thread: Optional[threading.Thread] = None
+
+    def _start(self) -> None:
+        """Starts the background thread and queues the opening of the run, once: at the
+        first progress event, so a fit that fails before training leaves no run (and no
+        thread) behind."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="spark_dl-mlflow",
+                                            daemon=True)
+            self._thread.start()
+            self._queue.put((self._open, ()))
 
     @classmethod
     def create(cls, estimator, store, run_id: str):
@@ -195,7 +203,7 @@ class MlflowLogger:
             if item is None:
                 return
             fn, args = item
-            if self._errors and fn is not self._open:
+            if self._errors and self.run_id is None:
                 continue  # the run did not open: nothing more can be logged
             try:
                 fn(*args)
@@ -253,6 +261,7 @@ class MlflowLogger:
 
     def on_event(self, event: dict) -> None:
         """Progress listener: logs each ``epoch`` event's metrics once, step = epoch."""
+        self._start()
         kind = event.get("kind")
         if kind == "start":
             self.first_epoch = int(event.get("start_epoch") or 0)
@@ -263,6 +272,7 @@ class MlflowLogger:
         if epoch in self._logged_epochs:
             return
         self._logged_epochs.add(epoch)
+        self._start()
         rows = [(k, v, epoch) for k, v in _epoch_metrics(logs).items()]
         self._queue.put((self._log_batch, (rows,)))
 
@@ -273,6 +283,7 @@ class MlflowLogger:
         for i, epoch in enumerate((history or {}).get("epoch", [])):
             if epoch > self.first_epoch:
                 self._add(int(epoch), {k: v[i] for k, v in history.items() if i < len(v)})
+        self._start()  # a fit that reported nothing still gets its run
         self._queue.put(None)
         self._thread.join()
         notes = []
@@ -287,8 +298,9 @@ class MlflowLogger:
                     self._errors.append(f"{what}: {type(e).__name__}: {e}")
         if self._own_run and self._client is not None:
             try:
-                self._client.set_terminated(self.run_id, "FINISHED" if model is not None
-                                            and not self._errors else "FAILED")
+                # The fit's outcome; a part that failed to log is the warning below.
+                self._client.set_terminated(self.run_id,
+                                            "FINISHED" if model is not None else "FAILED")
             except Exception as e:  # noqa: BLE001
                 self._errors.append(f"{type(e).__name__}: {e}")
         if model is not None:
