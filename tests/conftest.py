@@ -50,8 +50,8 @@ _SHARED_GROUPS = {
 # Groups are handed out in collection order (scripts/test.sh passes --no-loadscope-reorder),
 # which workers sort so that the long groups go first and the many short unit modules last,
 # where they fill the time while the other worker ends its last long group.
-_GROUP_ORDER = ("tests/cluster", "native-build-dir", "tests/spark/", "tests/parallel/",
-                "tests/gpu/", "tests/unit/")
+_GROUP_ORDER = ("tests/cluster", "native-build-dir", "tests/unit/test_docs_snippets.py",
+                "tests/spark/", "tests/parallel/", "tests/gpu/", "tests/unit/")
 
 
 def _xdist_group(nodeid: str) -> str:
