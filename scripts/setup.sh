@@ -104,7 +104,7 @@ echo "setup: building spark_dl (native core) in editable mode (${SECONDS}s so fa
 # Keras: tensorflow-cpu (the same TensorFlow without its GPU parts) instead of the keras
 # extra's `tensorflow`, with the keras extra's other requirement.
 .venv/bin/python -m pip install -q -c constraints.txt --no-build-isolation \
-  -e ".[torch,spark,test,mpi,lightning,notebook]" tensorflow-cpu keras
+  -e ".[torch,spark,test,mpi,lightning,notebook,mlflow]" tensorflow-cpu keras
 .venv/bin/python -c "import spark_dl._core as c; print('setup: spark_dl core built:', c.build_info())"
 inputs_hash > "$STAMP"
 echo "setup: done in ${SECONDS}s"

@@ -1,6 +1,7 @@
 """Fixtures shared by every test folder."""
 
 import logging
+import os
 import socket
 
 import pytest
@@ -27,3 +28,60 @@ def s3_endpoint():
         yield endpoint
     finally:
         server.stop()
+
+
+
+# --- pytest-xdist (scripts/test.sh runs `pytest -n 2 --dist loadfile`) ----------------------
+# With --dist loadfile a whole scheduling group runs on one worker, in order; the groups here:
+# - a module: its module-scoped fixtures (a Spark session, hosts, a rank world) and its
+#   per-module result caches (tests/parallel/harness.run_once) are made once, as in a serial
+#   run;
+# - tests/cluster: its modules create network namespaces and each checks after itself that
+#   none of ours is left, so two of them may not run at once;
+# - tests/install with tests/unit/test_native_cpp.py: both build in the editable install's
+#   build folder (build/<wheel tag>: scripts/build_wheel.sh and the C++ unit tests' target).
+# (xdist's own --dist loadgroup marks do not work with pytest 9, whose node ids xdist cannot
+# suffix, hence this scheduler.) Without -n nothing here changes a run.
+_SHARED_GROUPS = {
+    "tests/cluster/": "tests/cluster",
+    "tests/install/": "native-build-dir",
+    "tests/unit/test_native_cpp.py": "native-build-dir",
+}
+# Groups are handed out in collection order (scripts/test.sh passes --no-loadscope-reorder),
+# which workers sort so that the long groups go first and the many short unit modules last,
+# where they fill the time while the other worker ends its last long group.
+_GROUP_ORDER = ("tests/cluster", "native-build-dir", "tests/unit/test_docs_snippets.py",
+                "tests/spark/", "tests/parallel/", "tests/gpu/", "tests/unit/")
+
+
+def _xdist_group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    for prefix, group in _SHARED_GROUPS.items():
+        if path.startswith(prefix):
+            return group
+    return path
+
+
+def _group_rank(nodeid: str) -> int:
+    group = _xdist_group(nodeid)
+    return next((i for i, p in enumerate(_GROUP_ORDER) if group.startswith(p)),
+                len(_GROUP_ORDER))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the shared groups above (in the controller)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleGroupScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _xdist_group(nodeid)
+
+    return ModuleGroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Stable, so every worker collects the same order (xdist checks that they agree).
+        items.sort(key=lambda item: _group_rank(item.nodeid))

@@ -208,6 +208,31 @@ def test_callback_needing_a_logger_without_one_fails_before_any_spark_job(store)
             "logger unset") in str(info.value)
 
 
+def test_hooks_lightning_2_never_calls_are_named_before_any_spark_job(store):
+    # Lightning 2.6 ignores these silently: a ported Horovod program would lose what they do.
+    class Counter(pl.Callback):
+        def on_epoch_end(self, trainer, module):
+            pass
+
+        def on_init_start(self, trainer):
+            pass
+
+    class StepEnd(Classifier):
+        def training_step_end(self, outputs):
+            return outputs
+
+    est = hvd.TorchEstimator(num_proc=2, model=StepEnd(), store=store, epochs=1,
+                             feature_cols=["features"], label_cols=["label"],
+                             callbacks=[Counter(), LearningRateMonitor()])
+    with pytest.warns(UserWarning, match="Lightning 2 never calls these hooks") as record:
+        est._check_params()
+    (message,) = [str(w.message) for w in record if "never calls" in str(w.message)]
+    assert ("StepEnd.training_step_end (use training_step" in message
+            and "Counter.on_epoch_end (use on_train_epoch_end / on_validation_epoch_end)"
+            in message and "Counter.on_init_start" in message)
+    assert "LearningRateMonitor" not in message and "Classifier" not in message
+
+
 def test_user_callbacks_run_in_the_dry_run_before_training(store, df):
     # EarlyStopping on a key nobody logs fails in Lightning's validation end: on the
     # driver, before any worker starts.

@@ -156,3 +156,16 @@ def test_a_lost_task_waits_for_the_exit_that_explains_it():
     assert [(f.rank, f.lost) for f in failures] == [(1, False), (0, True)], failures
     assert "rank 1 ended with exit code 137 (signal 9, SIGKILL)" in failures[0].summary
     assert 0.9 < waited < 10, waited
+
+
+def test_a_workers_terminal_colour_codes_do_not_reach_the_error():
+    # Keras bolds the message inside "Exception encountered when calling ..."; relayed as
+    # is, a notebook shows "[1m" around it.
+    def post(client):
+        _error(client, 0, "builtins.ValueError", "\x1b[1mInput 0 is incompatible\x1b[0m")
+
+    failures, finished, _ = _outcome(2, post)
+    message, lines = failure_report(failures, finished)
+    assert "\x1b" not in message and "\x1b" not in failures[0].traceback
+    assert lines[0] == "rank 0 raised ValueError: Input 0 is incompatible"
+    assert failures[0].detail in (None, "ValueError: Input 0 is incompatible")

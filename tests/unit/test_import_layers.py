@@ -41,7 +41,7 @@ LAYERS: Dict[str, int] = {
     "spark_dl.spark.common": 5,      # the framework-neutral estimator layer
     "spark_dl.spark.torch": 6,       # per-framework estimators
     "spark_dl.spark.keras": 6,
-    "spark_dl.spark.lightning": 6,
+    "spark_dl.spark.lightning": 7,   # Lightning's estimator reuses the torch one's losses
 }
 
 # Public names that only re-export from below (exact modules, not prefixes): the top.
@@ -59,10 +59,6 @@ ALLOWED: Set[Tuple[str, str]] = {
     # layer (imported on first use). Both point up, at spark_dl.keras, for Horovod's API.
     ("spark_dl.tensorflow.optimizer", "spark_dl.keras"),
     ("spark_dl.tensorflow", "spark_dl.keras.sync_batch_norm"),
-    # The Lightning estimator's default steps weight rows' losses exactly as the torch
-    # estimator does (one definition of the per-row loss). To resolve: a layer for
-    # spark_dl.spark.lightning above spark_dl.spark.torch, or a shared torch-loss module.
-    ("spark_dl.spark.lightning.util", "spark_dl.spark.torch.util"),
 }
 
 

@@ -177,6 +177,9 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         from spark_dl.spark.common.tensorboard import TensorBoardLogger
 
         ctx["tensorboard"] = TensorBoardLogger(store, ctx["run_id"])
+        from spark_dl.spark.common.mlflow_run import MlflowLogger
+
+        ctx["mlflow"] = MlflowLogger.create(self, store, ctx["run_id"])  # no-op unless asked
         self._on_begin(store, ctx)
         return ctx
 
@@ -330,7 +333,7 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
             val_threads=self.getValReaderNumWorkers(), use_gpu=self._use_gpu(),
             verbose=verbose, run_id=run_id, shuffle=self.getShuffle() is not False)
         blob = _pickle_or_explain(spec)
-        display = ProgressDisplay(verbose, listeners=[board.on_event,
+        display = ProgressDisplay(verbose, listeners=[board.on_event, ctx["mlflow"].on_event,
                                                       self._training_started_listener(ctx)])
         name = type(self).__name__
         if verbose:
@@ -357,8 +360,11 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
             note = board.close(result["history"] if result else None)
             if note and verbose:
                 display.print(note)
+            if result is None:
+                ctx["mlflow"].finish(None, None, display.print)  # the MLflow run: FAILED
         model = self._trained_model(result, run_id, dataset, framework)
         model.timings = _timings(ctx, result["timings"])
+        ctx["mlflow"].finish(model, result["history"], display.print)
         if verbose:
             first = model.timings["first_step_s"]
             display.print(f"{name}: run {run_id} done in {model.timings['total_s']:.1f}s"

@@ -350,6 +350,16 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
               "available", True, _bool("use_gpu")),
     ParamSpec("verbose", "0 quiet, 1 a line per epoch and a progress bar, 2 also data "
               "preparation and launch details", 1, _verbose),
+    ParamSpec("mlflow", "log the fit to MLflow from the driver: params, per-epoch metrics, "
+              "the run folder (TensorBoard logs) and the model (None: on when "
+              "mlflow_tracking_uri or mlflow_experiment is set; see docs/observability.md)",
+              None, _bool("mlflow"), accessor="Mlflow"),
+    ParamSpec("mlflow_tracking_uri", "MLflow tracking URI to log to (default: the active "
+              "run, else MLflow's current URI: MLFLOW_TRACKING_URI or a local store)", None,
+              _str("mlflow_tracking_uri"), accessor="MlflowTrackingUri"),
+    ParamSpec("mlflow_experiment", "MLflow experiment name of the fit's new run (created "
+              "when missing; default: MLflow's current experiment)", None,
+              _str("mlflow_experiment"), accessor="MlflowExperiment"),
     ParamSpec("shuffle", "shuffle the training rows every epoch (seeded; validation rows "
               "are never shuffled)", True, _bool("shuffle")),
     ParamSpec("compress_sparse_cols", "store vector columns holding only SparseVectors as "

@@ -351,6 +351,38 @@ class EstimatorParamsAccessors:
         and launch details. Returns self."""
         return self._set(verbose=value)
 
+    def getMlflow(self) -> Optional[bool]:
+        """Gets ``mlflow``: log the fit to MLflow from the driver: params, per-epoch metrics, the
+        run folder (TensorBoard logs) and the model (None: on when mlflow_tracking_uri or
+        mlflow_experiment is set; see docs/observability.md)."""
+        return self.getOrDefault('mlflow')
+
+    def setMlflow(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``mlflow``: log the fit to MLflow from the driver: params, per-epoch metrics, the
+        run folder (TensorBoard logs) and the model (None: on when mlflow_tracking_uri or
+        mlflow_experiment is set; see docs/observability.md). Returns self."""
+        return self._set(mlflow=value)
+
+    def getMlflowTrackingUri(self) -> Optional[str]:
+        """Gets ``mlflow_tracking_uri``: MLflow tracking URI to log to (default: the active run,
+        else MLflow's current URI: MLFLOW_TRACKING_URI or a local store)."""
+        return self.getOrDefault('mlflow_tracking_uri')
+
+    def setMlflowTrackingUri(self: _P, value: Optional[str]) -> _P:
+        """Sets ``mlflow_tracking_uri``: MLflow tracking URI to log to (default: the active run,
+        else MLflow's current URI: MLFLOW_TRACKING_URI or a local store). Returns self."""
+        return self._set(mlflow_tracking_uri=value)
+
+    def getMlflowExperiment(self) -> Optional[str]:
+        """Gets ``mlflow_experiment``: MLflow experiment name of the fit's new run (created when
+        missing; default: MLflow's current experiment)."""
+        return self.getOrDefault('mlflow_experiment')
+
+    def setMlflowExperiment(self: _P, value: Optional[str]) -> _P:
+        """Sets ``mlflow_experiment``: MLflow experiment name of the fit's new run (created when
+        missing; default: MLflow's current experiment). Returns self."""
+        return self._set(mlflow_experiment=value)
+
     def getShuffle(self) -> Optional[bool]:
         """Gets ``shuffle``: shuffle the training rows every epoch (seeded; validation rows are
         never shuffled)."""

@@ -15,12 +15,13 @@ output's shape when the sizes agree (``label_shapes`` overrides), so a scalar la
 
 import io
 import os
-import re
 import shutil
 import tempfile
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+
+from spark_dl.spark.launch.errors import strip_ansi
 
 __all__ = ["model_to_bytes", "model_from_bytes", "check_round_trip", "input_specs",
            "output_shapes", "output_dtypes", "vector_dtype", "feature_arrays", "label_arrays",
@@ -280,16 +281,6 @@ def custom_scope(custom_objects: Optional[Dict[str, Any]]):
     import keras
 
     return keras.saving.custom_object_scope(custom_objects or {})
-
-
-# Terminal colour and style codes (Keras bolds the error inside "Exception encountered when
-# calling ..."): they show as "[1m" in logs, notebooks and Spark's job output.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
-def strip_ansi(text: str) -> str:
-    """``text`` without terminal escape sequences (colours, bold)."""
-    return _ANSI.sub("", text)
 
 
 def _per_row(shape) -> int:

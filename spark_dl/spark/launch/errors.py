@@ -6,10 +6,21 @@ rank and its remote traceback.
 
 from __future__ import annotations
 
+import re
 from typing import Optional, Sequence
 
 __all__ = ["RunError", "WorkerFailedError", "NotEnoughSlotsError", "StartTimeoutError",
-           "MpiNotBuiltError", "ExecutorPythonError"]
+           "MpiNotBuiltError", "ExecutorPythonError", "strip_ansi"]
+
+# Terminal colour and style codes (Keras bolds the error inside "Exception encountered when
+# calling ..."; rich tracebacks colour whole lines): in an error relayed from a worker they
+# show as "[1m" in logs, notebooks and Spark's job output.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, bold)."""
+    return _ANSI.sub("", text)
 
 
 class RunError(RuntimeError):

@@ -237,6 +237,11 @@ class LightningEstimator(LightningEstimatorParamsAccessors, EstimatorBase):
             if not isinstance(cb, pl.Callback):
                 raise TypeError(f"callbacks[{i}] is a {type(cb).__name__}, not a "
                                 f"{package}.Callback (e.g. EarlyStopping(monitor='val_loss'))")
+        ignored = util.removed_hooks(module, self.getCallbacks() or [])
+        if ignored:
+            warnings.warn("Lightning 2 never calls these hooks (removed since Lightning 1.x), "
+                          "so what they do would not happen: " + "; ".join(ignored),
+                          UserWarning, stacklevel=3)
         logger = self.getLogger()
         if logger is False:
             # Lightning's callbacks that refuse a Trainer without a logger, known before any

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 __all__ = ["PACKAGES", "lightning_package", "module_dtype", "to_batch", "feature_inputs",
-           "overrides", "install_default_steps", "LogCapture", "base_name", "scalar",
+           "removed_hooks", "overrides", "install_default_steps", "LogCapture", "base_name", "scalar",
            "rows_of", "loss_of_outputs", "describe"]
 
 #: Lightning's two distributions: the unified ``lightning`` package and ``pytorch_lightning``.
@@ -80,6 +80,47 @@ def overrides(module, name: str) -> bool:
     base = sys.modules[package].LightningModule
     own = getattr(type(module), name, None)
     return name in vars(module) or (own is not None and own is not getattr(base, name, None))
+
+
+# Hooks of Lightning 1.x that Lightning 2 no longer calls, and never says so: a Horovod
+# program's callback or module that defines one loses what it did without a word. Each maps
+# to what to use instead.
+REMOVED_CALLBACK_HOOKS = {
+    "on_init_start": "do it in the callback's __init__",
+    "on_init_end": "do it in the callback's __init__",
+    "on_epoch_start": "on_train_epoch_start / on_validation_epoch_start",
+    "on_epoch_end": "on_train_epoch_end / on_validation_epoch_end",
+    "on_batch_start": "on_train_batch_start",
+    "on_batch_end": "on_train_batch_end",
+    "on_pretrain_routine_start": "on_fit_start",
+    "on_pretrain_routine_end": "on_fit_start",
+    "on_keyboard_interrupt": "on_exception",
+    "on_configure_sharded_model": "setup",
+    "on_before_accelerator_backend_setup": "setup",
+}
+REMOVED_MODULE_HOOKS = {
+    "on_epoch_start": "on_train_epoch_start / on_validation_epoch_start",
+    "on_epoch_end": "on_train_epoch_end / on_validation_epoch_end",
+    "on_batch_start": "on_train_batch_start",
+    "on_batch_end": "on_train_batch_end",
+    "on_pretrain_routine_start": "on_fit_start",
+    "on_pretrain_routine_end": "on_fit_start",
+    "training_step_end": "training_step (it sees the whole batch on each rank)",
+    "validation_step_end": "validation_step",
+    "test_step_end": "test_step",
+}
+
+
+def removed_hooks(module, callbacks) -> List[str]:
+    """One line per hook that ``module`` or a callback defines and Lightning 2 never calls:
+    ``"MyCallback.on_epoch_end (use on_train_epoch_end / on_validation_epoch_end)"``."""
+    found = []
+    for obj, table in [(module, REMOVED_MODULE_HOOKS)] + [(cb, REMOVED_CALLBACK_HOOKS)
+                                                          for cb in callbacks]:
+        for hook, instead in table.items():
+            if callable(getattr(obj, hook, None)):
+                found.append(f"{type(obj).__name__}.{hook} (use {instead})")
+    return found
 
 
 def _loss_of(losses, outputs, labels, loss_weights=None, sample_weights=None):

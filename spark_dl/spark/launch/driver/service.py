@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from spark_dl.spark.launch.errors import StartTimeoutError
+from spark_dl.spark.launch.errors import StartTimeoutError, strip_ansi
 from spark_dl.spark.launch.service import Endpoint, ServiceServer
 
 __all__ = ["DriverService", "Registration", "Failure"]
@@ -107,6 +107,15 @@ class Failure:
     # the echo of another rank's failure (mpirun tearing the job down after one rank was
     # killed), whose own report may still be on its way.
     lost: bool = False
+
+    def __post_init__(self):
+        # Text from a worker may carry its terminal's colour codes (Keras, rich); the
+        # error it becomes is read in logs and notebooks, where they show as "[1m".
+        self.summary = strip_ansi(self.summary)
+        if self.traceback:
+            self.traceback = strip_ansi(self.traceback)
+        if self.detail:
+            self.detail = strip_ansi(self.detail)
 
     @property
     def consequence(self) -> bool:

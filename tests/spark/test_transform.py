@@ -1,0 +1,115 @@
+"""TorchModel.transform without a fit: a model made by hand from a module, and the Arrow
+path (:mod:`spark_dl.spark.common.inference`) checked against the module applied to the same
+rows, for every feature column kind, and its errors for bad rows.
+
+Split from test_torch_estimator.py, whose transform checks of a fitted model stay beside its
+fit. One Spark session (tests/spark/conftest.py's module-scoped ``spark``) for the module.
+"""
+
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("pyspark")
+
+from spark_dl.spark.torch import TorchModel  # noqa: E402
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
+
+
+def test_hand_built_model_transforms_without_fit(spark):
+    # A TorchModel made from a module (no fit, no training metadata): shapes are read
+    # from the DataFrame, integer array features are cast to the model's dtype.
+    torch.manual_seed(1)
+    net = torch.nn.Linear(3, 2)
+    model = TorchModel(model=net, feature_columns=["x"], label_columns=["y"])
+    df = spark.createDataFrame([([1, 2, 3],), ([4, 5, 6],)], ["x"])
+    pdf = model.transform(df).toPandas()
+    assert list(pdf.columns) == ["x", "y__output"]
+    with torch.no_grad():
+        expected = net(torch.tensor([[1.0, 2, 3], [4, 5, 6]])).numpy()
+    np.testing.assert_allclose(np.stack(pdf["y__output"]), expected, rtol=1e-6)
+    # A label that was a Spark ML vector in training gives a vector output column.
+    model.setMetadata({"columns": {"y": {"kind": "vector", "dtype": "float32", "shape": [2]}}})
+    out = model.transform(df)
+    assert dict(out.dtypes)["y__output"] == "vector"
+    np.testing.assert_allclose(np.stack([v.toArray() for v in out.toPandas()["y__output"]]),
+                               expected, rtol=1e-6)
+
+
+def _net32(outputs):
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, outputs))
+
+
+def test_arrow_transform_equals_the_model_on_numpy_for_each_column_kind(spark):
+    # transform reads Arrow buffers straight into NumPy (common.inference): the predictions
+    # are bitwise the module applied to the same float32 rows, for a vector column (dense
+    # and sparse rows), array<float> and array<double>; other columns pass through. (One
+    # row per call on both sides: BLAS may round differently for other row counts.)
+    import transform_data as data
+
+    df = data.frame(spark)
+    x32 = torch.from_numpy(data.features().astype(np.float32))
+    one, three = _net32(1), _net32(3)
+    with torch.no_grad():
+        want1, want3 = [np.concatenate([net(x32[i:i + 1]).numpy() for i in range(len(x32))])
+                        for net in (one, three)]
+    for col in ("vec", "af", "ad"):
+        model = TorchModel(model=one, feature_columns=[col], label_columns=["y"],
+                           batch_size=1)
+        out = model.transform(df)
+        assert out.schema.fields[:5] == df.schema.fields
+        assert out.columns == df.columns + ["y__output"]
+        assert dict(out.dtypes)["y__output"] == "double"
+        pdf = out.orderBy("id").toPandas()
+        assert list(pdf["name"]) == [f"row{i}" for i in range(data.ROWS)]
+        np.testing.assert_array_equal(data.column(pdf, "y__output"),
+                                      want1.reshape(-1).astype(np.float64), err_msg=col)
+    # Several values per row: array<float> with output_format="array", else a vector; an
+    # output column named as an input replaces it in place of being appended twice.
+    arr = TorchModel(model=three, feature_columns=["vec"], label_columns=["y"],
+                     output_format="array", output_cols=["ad"], batch_size=1)
+    out = arr.transform(df)
+    assert out.columns == ["id", "name", "vec", "af", "ad"]
+    assert dict(out.dtypes)["ad"] == "array<float>"
+    got = data.column(out.orderBy("id").toPandas(), "ad")  # float32 values, exactly
+    np.testing.assert_array_equal(got.astype(np.float32), want3)
+    vec = TorchModel(model=three, feature_columns=["af"], label_columns=["y"], batch_size=1)
+    out = vec.transform(df)
+    assert dict(out.dtypes)["y__output"] == "vector"
+    np.testing.assert_array_equal(data.column(out.orderBy("id").toPandas(), "y__output"),
+                                  want3.astype(np.float64))
+
+
+def test_arrow_transform_names_bad_rows(spark):
+    from pyspark.ml.linalg import Vectors
+
+    net = _net32(1)
+    meta = {"columns": {"x": {"kind": "array", "dtype": "float32", "shape": [4]}}}
+    model = TorchModel(model=net, feature_columns=["x"], label_columns=["y"], metadata=meta)
+    cases = [([[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0]], "array<double>",
+              r"feature column 'x' holds arrays of different lengths \[3, 4\]"),
+             ([[1.0, 2.0, 3.0, 4.0], None], "array<double>", "feature column 'x' has null"),
+             ([[1.0, 2.0, 3.0]], "array<double>",
+              r"feature column 'x' has rows of shape \[3\]; the model was trained on rows "
+              r"of shape \[4\]")]
+    for rows, dtype, match in cases:
+        bad = spark.createDataFrame([(r,) for r in rows], f"x {dtype}").coalesce(1)
+        with pytest.raises(Exception, match=match):
+            model.transform(bad).collect()
+    vmodel = model.copy().setMetadata(
+        {"columns": {"x": {"kind": "vector", "dtype": "float32", "shape": [4]}}})
+    bad = spark.createDataFrame([(Vectors.dense([1.0, 2, 3, 4]),), (Vectors.sparse(5, {0: 1.0}),)],
+                                ["x"]).coalesce(1)
+    with pytest.raises(Exception, match=r"feature column 'x' holds arrays of different "
+                                        r"lengths \[4, 5\]"):
+        vmodel.transform(bad).collect()
+    with pytest.raises(TypeError, match="column 'x' has unsupported type string"):
+        model.transform(spark.createDataFrame([("a",)], ["x"]))
