@@ -65,6 +65,7 @@ def test_fit_logs_run_params_epoch_metrics_artifacts_and_a_loadable_model(spark,
         logged = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         assert [m.step for m in logged] == [1, 2], key
         assert [m.value for m in logged] == pytest.approx(history[key]), key
+    assert len(client.get_metric_history(run.info.run_id, "rows_per_s")) == 2
 
     # The run folder: TensorBoard's event file, no checkpoint.
     logs = [f.path for f in client.list_artifacts(run.info.run_id, "run/logs")]

@@ -63,14 +63,15 @@ def test_epoch_metrics_reach_the_run_once_per_epoch(tmp_path, monkeypatch):
     monkeypatch.setattr(logger, "_log_model", lambda model, notes: notes.append("skipped"))
     events = [{"kind": "start", "start_epoch": 0}, {"kind": "step", "loss": 9.0},
               {"kind": "epoch", "epoch": 1, "logs": {"loss": 3.0, "val_loss": 4.0, "mae": 1.0,
-                                                    "note": "text"}},
-              {"kind": "epoch", "epoch": 2, "logs": {"loss": 2.0, "val_loss": 3.0, "mae": 0.5}},
+                                                    "note": "text"}, "rows_per_s": 10.0},
+              {"kind": "epoch", "epoch": 2, "logs": {"loss": 2.0, "val_loss": 3.0, "mae": 0.5},
+               "rows_per_s": 20.0},
               {"kind": "epoch", "epoch": 2, "logs": {"loss": 99.0}}]  # a repeat: dropped
     for event in events:
         logger.on_event(event)
     # epoch 3 never came as an event (a backend that forwards no output): from the history
     history = {"epoch": [1, 2, 3], "loss": [3.0, 2.0, 1.0], "val_loss": [4.0, 3.0, 2.0],
-               "mae": [1.0, 0.5, 0.25]}
+               "mae": [1.0, 0.5, 0.25], "rows_per_s": [10.0, 20.0, 30.0]}
     said, model = [], FakeModel()
     logger.finish(model, history, said.append)
     assert not any("warning" in s for s in said), said
@@ -82,10 +83,12 @@ def test_epoch_metrics_reach_the_run_once_per_epoch(tmp_path, monkeypatch):
     assert client.get_experiment(run.info.experiment_id).name == "unit"
     assert run.data.params == {"epochs": "3", "batch_size": "32"}
     assert run.data.tags["spark_dl.run_id"] == "r1"
-    assert set(run.data.metrics) == {"loss", "val_loss", "mae"}
+    assert set(run.data.metrics) == {"loss", "val_loss", "mae", "rows_per_s"}
     loss = client.get_metric_history(logger.run_id, "loss")
     assert [(m.step, m.value) for m in sorted(loss, key=lambda m: m.step)] == \
         [(1, 3.0), (2, 2.0), (3, 1.0)]
+    speed = client.get_metric_history(logger.run_id, "rows_per_s")
+    assert sorted(m.value for m in speed) == [10.0, 20.0, 30.0]
     # the process's MLflow settings are untouched
     assert mlflow.get_tracking_uri() != uri and mlflow.active_run() is None
 

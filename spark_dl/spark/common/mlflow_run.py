@@ -266,7 +266,10 @@ class MlflowLogger:
         if kind == "start":
             self.first_epoch = int(event.get("start_epoch") or 0)
         elif kind == "epoch":
-            self._add(int(event["epoch"]), event.get("logs") or {})
+            logs = dict(event.get("logs") or {})
+            if event.get("rows_per_s") is not None:  # beside the logs, as in the history
+                logs.setdefault("rows_per_s", event["rows_per_s"])
+            self._add(int(event["epoch"]), logs)
 
     def _add(self, epoch: int, logs: dict) -> None:
         if epoch in self._logged_epochs:
