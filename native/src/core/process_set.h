@@ -45,7 +45,6 @@ struct PendingName {
   std::vector<double> when;    // per member: steady-clock seconds its request arrived
   int count = 0;
   double first_seen = 0;       // steady-clock seconds when the first request arrived
-  bool warned = false;         // stall warning already logged
 };
 
 struct Coordinator {
@@ -53,6 +52,7 @@ struct Coordinator {
   std::vector<std::string> order;  // arrival order of names
   std::vector<bool> joined;
   int last_joined = -1;
+  double stall_warned_at = 0;      // steady-clock seconds of the last stall warning
   bool Empty() const { return table.empty(); }
 };
 
