@@ -23,6 +23,7 @@ framework binding), so it needs no framework.
 
 import dataclasses
 import math
+import os
 import time
 from typing import Any, List, Optional
 
@@ -137,11 +138,30 @@ def train(blob: bytes) -> dict:
     import spark_dl.numpy as sdl
 
     spec.adapter.before_init()  # e.g. start slow imports that overlap the rendezvous
+    _flight_recorder_in_run(spec.remote_store)
     sdl.init()
     t_init = time.time()
     worker = _Worker(spec, sdl)
     worker.timings.update(start=t_start, imported=t_imported, initialized=t_init)
     return worker.run()
+
+
+def _flight_recorder_in_run(remote_store) -> None:
+    """Points the flight recorder's dumps (docs/observability.md) at the run's folder when
+    the Store's paths are local files, unless SDL_FLIGHT_RECORDER_DIR chose a folder. Other
+    Stores: the dumps reach the driver with the workers' output."""
+    run_path = getattr(remote_store, "run_path", None)
+    if os.environ.get("SDL_FLIGHT_RECORDER_DIR") or run_path is None:
+        return
+    store = remote_store.store
+    if not store.capabilities().local_paths:
+        return
+    folder = os.path.join(store.get_fs_path(run_path), "flight_recorder")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return  # the dumps still go to the log
+    os.environ["SDL_FLIGHT_RECORDER_DIR"] = folder
 
 
 class _Worker:
