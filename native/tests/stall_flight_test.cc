@@ -3,6 +3,7 @@
 // recorder's ring, without peers.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -101,18 +102,33 @@ TEST(StallInspector, DivergenceNamesOldestWaitingNameAndMissingRanks) {
   EXPECT_NE(d.find("1 later name wait"), std::string::npos) << d;
 }
 
+double Steady() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Runs one collective through the hooks as the runtime does: taken in (the
+// id goes into the set's pending entry), negotiated and started, done.
+void RunOne(FlightRecorder& fr, ProcessSet& ps, const std::string& name, bool cached,
+            bool finish = true) {
+  Entry e;
+  e.req = Allreduce(name);
+  e.flight_id = fr.Enqueued(ps.id, e.req, Steady());
+  const uint64_t id = e.flight_id;
+  ps.pending[name] = std::move(e);
+  if (!finish) return;
+  fr.CycleStarted();
+  Response resp;
+  resp.names = {name};
+  fr.Started(ps, resp, cached);
+  fr.Done(id, ErrorCode::kOk);
+  ps.pending.erase(name);
+}
+
 TEST(FlightRecorder, RingKeepsLastNWithTimesInOrder) {
   FlightRecorder fr(4);
-  for (int i = 0; i < 6; ++i) {
-    Request r = Allreduce("t" + std::to_string(i));
-    fr.Enqueued(0, r);
-    fr.CycleStarted();
-    Response resp;
-    resp.names = {r.name};
-    fr.Started(0, resp, i % 2 == 1);
-    fr.Done(0, r.name, ErrorCode::kOk);
-  }
-  fr.Enqueued(0, Allreduce("open"));
+  ProcessSet ps(0, {0, 1}, 0, 8);
+  for (int i = 0; i < 6; ++i) RunOne(fr, ps, "t" + std::to_string(i), i % 2 == 1);
+  RunOne(fr, ps, "open", false, false);
   auto recs = fr.Snapshot();
   ASSERT_EQ(recs.size(), 4u);
   EXPECT_EQ(recs[0].name, "t3");
@@ -120,6 +136,7 @@ TEST(FlightRecorder, RingKeepsLastNWithTimesInOrder) {
   EXPECT_EQ(recs[3].name, "open");
   EXPECT_EQ(recs[3].done, 0);
   for (int i = 0; i < 3; ++i) {
+    EXPECT_GT(recs[i].enqueued, 0);
     EXPECT_LE(recs[i].enqueued, recs[i].negotiated);
     EXPECT_LE(recs[i].negotiated, recs[i].started);
     EXPECT_LE(recs[i].started, recs[i].done);
@@ -129,7 +146,7 @@ TEST(FlightRecorder, RingKeepsLastNWithTimesInOrder) {
   EXPECT_NE(text.find("flight recorder of rank 3 (host h3), test: last 2 of 4"), std::string::npos)
       << text;
   EXPECT_NE(text.find("allreduce 'open' set 0 float32 [4]: WAITING"), std::string::npos) << text;
-  EXPECT_EQ(text.find("'t4'"), std::string::npos) << text;  // only the last 2 lines... t5, open
+  EXPECT_EQ(text.find("'t4'"), std::string::npos) << text;  // only the last 2: t5, open
   const std::string json = fr.Json(3, "h\"3", "why");
   EXPECT_NE(json.find("\"host\": \"h\\\"3\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"state\": \"waiting\""), std::string::npos) << json;
@@ -137,17 +154,17 @@ TEST(FlightRecorder, RingKeepsLastNWithTimesInOrder) {
 
 TEST(FlightRecorder, OffCostsNothingAndRecordsNothing) {
   FlightRecorder fr(0);
-  fr.Enqueued(0, Allreduce("x"));
-  fr.Done(0, "x", ErrorCode::kOk);
+  ProcessSet ps(0, {0, 1}, 0, 8);
+  RunOne(fr, ps, "x", false);
   EXPECT_TRUE(fr.Snapshot().empty());
 }
 
 TEST(FlightRecorder, RecordOverwrittenWhileOpenIsNotResurrected) {
   FlightRecorder fr(2);
-  fr.Enqueued(0, Allreduce("a"));
-  fr.Enqueued(0, Allreduce("b"));
-  fr.Enqueued(0, Allreduce("c"));  // overwrites 'a' while it is open
-  fr.Done(0, "a", ErrorCode::kOk);
+  const uint64_t a = fr.Enqueued(0, Allreduce("a"), Steady());
+  fr.Enqueued(0, Allreduce("b"), Steady());
+  fr.Enqueued(0, Allreduce("c"), Steady());  // overwrites 'a' while it is open
+  fr.Done(a, ErrorCode::kOk);
   auto recs = fr.Snapshot();
   ASSERT_EQ(recs.size(), 2u);
   EXPECT_EQ(recs[0].name, "b");

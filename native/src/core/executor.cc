@@ -20,7 +20,7 @@ void Runtime::Finish(ProcessSet& ps, const std::string& name, Result result) {
   const bool tensor_op = op == OpType::kAllreduce || op == OpType::kAllgather ||
                          op == OpType::kBroadcast || op == OpType::kAlltoall ||
                          op == OpType::kReducescatter;
-  recorder_.Done(ps.id, name, result.code);
+  recorder_.Done(it->second.flight_id, result.code);
   if (result.code == ErrorCode::kOk && tensor_op) {
     counters_.tensors++;
     counters_.bytes += Elements(it->second.req.shape) * DataTypeSize(it->second.req.dtype);
@@ -61,7 +61,7 @@ void Runtime::Execute(ProcessSet& ps, const Response& r, bool from_cache) {
     }
     if (to_cache.size() != r.names.size()) to_cache.clear();
   }
-  recorder_.Started(ps.id, r, from_cache);
+  recorder_.Started(ps, r, from_cache);
   switch (r.op) {
     case OpType::kAllreduce: ExecAllreduce(ps, r); break;
     case OpType::kAllgather: ExecAllgather(ps, r); break;

@@ -26,8 +26,6 @@ const char* CodeName(ErrorCode c) {
   return "unknown";
 }
 
-std::string Key(int32_t ps, const std::string& name) { return std::to_string(ps) + '\x1f' + name; }
-
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (unsigned char ch : s) {
@@ -75,16 +73,15 @@ FlightRecorder::FlightRecorder(size_t capacity) : ring_(capacity) {
 
 double FlightRecorder::Now() const { return SteadyNow() - steady_base_; }
 
-void FlightRecorder::Enqueued(int32_t ps, const Request& req) {
-  if (ring_.empty()) return;
-  const double now = Now();
+uint64_t FlightRecorder::Enqueued(int32_t ps, const Request& req, double steady_s) {
+  if (ring_.empty()) return 0;
+  const double now = steady_s - steady_base_;
   std::lock_guard<std::mutex> lk(mu_);
   const uint64_t id = next_id_++;
   FlightRecord& r = ring_[id % ring_.size()];
-  if (r.id != 0 && r.done == 0) open_.erase(Key(r.process_set, r.name));  // overwritten while open
   r.id = id;
   r.process_set = ps;
-  r.name = req.name;
+  r.name = req.name;    // copy-assignment: reuses the slot's memory
   r.op = req.op;
   r.dtype = req.dtype;
   r.shape = req.shape;
@@ -92,7 +89,7 @@ void FlightRecorder::Enqueued(int32_t ps, const Request& req) {
   r.negotiated = r.started = r.done = 0;
   r.from_cache = false;
   r.code = ErrorCode::kOk;
-  open_[Key(ps, req.name)] = id;
+  return id;
 }
 
 void FlightRecorder::CycleStarted() {
@@ -102,20 +99,21 @@ void FlightRecorder::CycleStarted() {
   cycle_start_ = now;
 }
 
-FlightRecord* FlightRecorder::Open(int32_t ps, const std::string& name) {
-  auto it = open_.find(Key(ps, name));
-  if (it == open_.end()) return nullptr;
-  FlightRecord& r = ring_[it->second % ring_.size()];
-  return r.id == it->second ? &r : nullptr;
+FlightRecord* FlightRecorder::Find(uint64_t id) {
+  if (id == 0) return nullptr;
+  FlightRecord& r = ring_[id % ring_.size()];
+  return r.id == id ? &r : nullptr;
 }
 
-void FlightRecorder::Started(int32_t ps, const Response& resp, bool from_cache) {
+void FlightRecorder::Started(const ProcessSet& ps, const Response& resp, bool from_cache) {
   if (ring_.empty()) return;
   const double now = Now();
   std::lock_guard<std::mutex> lk(mu_);
   for (const std::string& name : resp.names) {
-    FlightRecord* r = Open(ps, name);
-    if (!r) continue;  // a joined rank runs names it never enqueued
+    auto it = ps.pending.find(name);
+    if (it == ps.pending.end()) continue;  // a joined rank runs names it never enqueued
+    FlightRecord* r = Find(it->second.flight_id);
+    if (!r) continue;
     // Taken in during the cycle that ran it: negotiated from then on.
     r->negotiated = std::max(cycle_start_ > 0 ? cycle_start_ : now, r->enqueued);
     r->started = now;
@@ -123,18 +121,14 @@ void FlightRecorder::Started(int32_t ps, const Response& resp, bool from_cache) 
   }
 }
 
-void FlightRecorder::Done(int32_t ps, const std::string& name, ErrorCode code) {
-  if (ring_.empty()) return;
+void FlightRecorder::Done(uint64_t id, ErrorCode code) {
+  if (ring_.empty() || id == 0) return;
   const double now = Now();
   std::lock_guard<std::mutex> lk(mu_);
-  auto it = open_.find(Key(ps, name));
-  if (it == open_.end()) return;
-  FlightRecord& r = ring_[it->second % ring_.size()];
-  if (r.id == it->second) {
-    r.done = now;
-    r.code = code;
-  }
-  open_.erase(it);
+  FlightRecord* r = Find(id);
+  if (!r) return;
+  r->done = now;
+  r->code = code;
 }
 
 std::vector<FlightRecord> FlightRecorder::Snapshot() const {

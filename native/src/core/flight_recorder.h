@@ -12,18 +12,20 @@
 //
 // Cost: the hooks run on the thread that runs the cycle (cycle_mu_ held) and
 // take an uncontended mutex (the Python accessor and the dump read from other
-// threads); records live in a preallocated ring, so steady state allocates
-// only the strings and shapes it copies. With capacity 0 every hook returns at
-// once.
+// threads); records live in a preallocated ring whose slots keep their
+// strings' and shapes' memory, and a record is found by its id (kept in the
+// operation's Entry), so steady state allocates nothing: tens of ns per
+// collective (benchmarks/flight_recorder.py). With capacity 0 every hook
+// returns at once.
 #pragma once
 
 #include <cstdint>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "common/message.h"
+#include "core/process_set.h"
 
 namespace sdl {
 
@@ -47,12 +49,16 @@ class FlightRecorder {
   // Wall-clock seconds (Unix epoch) of time 0 of the records.
   double wall_base() const { return wall_base_; }
 
-  // The hooks (cycle thread). CycleStarted stamps the time later Started calls
-  // record as their negotiation time.
-  void Enqueued(int32_t ps, const Request& req);
+  // The hooks (cycle thread). Enqueued returns the record's id (0 when off),
+  // which the operation's Entry keeps (Entry::flight_id): the later hooks
+  // find the record by it, with no lookup of their own. CycleStarted stamps
+  // the time later Started calls record as their negotiation time.
+  // steady_s: the intake time the caller already read (steady clock, seconds since
+  // its epoch), so that this hook reads no clock.
+  uint64_t Enqueued(int32_t ps, const Request& req, double steady_s);
   void CycleStarted();
-  void Started(int32_t ps, const Response& r, bool from_cache);
-  void Done(int32_t ps, const std::string& name, ErrorCode code);
+  void Started(const ProcessSet& ps, const Response& r, bool from_cache);
+  void Done(uint64_t id, ErrorCode code);
 
   // The records still in the ring, oldest first.
   std::vector<FlightRecord> Snapshot() const;
@@ -66,13 +72,11 @@ class FlightRecorder {
   double Now() const;
 
  private:
-  FlightRecord* Open(int32_t ps, const std::string& name);  // mu_ held
+  FlightRecord* Find(uint64_t id);  // mu_ held; null once overwritten
 
   mutable std::mutex mu_;
   std::vector<FlightRecord> ring_;
   uint64_t next_id_ = 1;
-  // (set, name) -> id of its open record. Names are unique in flight per set.
-  std::unordered_map<std::string, uint64_t> open_;
   double steady_base_ = 0, wall_base_ = 0, cycle_start_ = 0;
 };
 

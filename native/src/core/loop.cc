@@ -61,7 +61,7 @@ void Runtime::Intake(ProcessSet& ps) {
     }
     e.since = now;
     e.seq = ps.next_seq++;
-    recorder_.Enqueued(ps.id, e.req);
+    e.flight_id = recorder_.Enqueued(ps.id, e.req, now);
     std::string name = e.req.name;
     ps.pending.insert_or_assign(std::move(name), std::move(e));
   }

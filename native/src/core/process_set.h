@@ -36,6 +36,7 @@ struct Entry {
   bool sent = false;         // already sent to the coordinator
   double since = 0;          // steady-clock seconds when the background thread took it in
   uint64_t seq = 0;          // intake order within its set (requests go out in this order)
+  uint64_t flight_id = 0;    // its flight-recorder record (0: none)
 };
 
 // What the coordinator (member 0) knows of one name across the set's members.
