@@ -154,7 +154,7 @@ def _flight_recorder_in_run(remote_store) -> None:
     if os.environ.get("SDL_FLIGHT_RECORDER_DIR") or run_path is None:
         return
     store = remote_store.store
-    if not store.capabilities().local_paths:
+    if not store.capabilities.local_paths:
         return
     folder = os.path.join(store.get_fs_path(run_path), "flight_recorder")
     try:
