@@ -30,7 +30,7 @@ std::vector<Response> Negotiate(ProcessSet& ps, const std::vector<Request>& per_
                                 int64_t threshold = 0) {
   for (int m = 0; m < ps.size(); ++m) CoordinatorAdd(ps, m, {per_member[m]}, false);
   std::vector<std::string> warnings;
-  return CoordinatorReady(ps, threshold, 0, 0, &warnings);
+  return CoordinatorReady(ps, threshold, {}, 0, &warnings);
 }
 
 const Device kCuda0{DeviceType::kCUDA, 0}, kCuda1{DeviceType::kCUDA, 1};
@@ -49,9 +49,9 @@ TEST(Validation, NameWaitsForEveryMember) {
   ProcessSet ps(0, {0, 1}, 0, 8);
   CoordinatorAdd(ps, 0, {Allreduce("w", {4})}, false);
   std::vector<std::string> warnings;
-  EXPECT_TRUE(CoordinatorReady(ps, 0, 0, 0, &warnings).empty());
+  EXPECT_TRUE(CoordinatorReady(ps, 0, {}, 0, &warnings).empty());
   CoordinatorAdd(ps, 1, {Allreduce("w", {4})}, false);
-  EXPECT_EQ(CoordinatorReady(ps, 0, 0, 0, &warnings).size(), 1u);
+  EXPECT_EQ(CoordinatorReady(ps, 0, {}, 0, &warnings).size(), 1u);
 }
 
 TEST(Validation, ShapeMismatchNamesTensorRanksAndShapes) {
@@ -179,7 +179,7 @@ TEST(Fusion, CoordinatorFusesReadyNamesInArrivalOrder) {
     CoordinatorAdd(ps, m, {Allreduce("x", {4}), Allreduce("y", {4}), Allreduce("z", {4}, kCuda0)},
                    false);
   std::vector<std::string> warnings;
-  auto out = CoordinatorReady(ps, 1 << 20, 0, 0, &warnings);
+  auto out = CoordinatorReady(ps, 1 << 20, {}, 0, &warnings);
   EXPECT_EQ(Names(out), (std::vector<std::vector<std::string>>{{"x", "y"}, {"z"}}));
 }
 

@@ -18,7 +18,7 @@ __all__ = [
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "gloo_built",
     "gloo_enabled", "mpi_built", "mpi_enabled", "nccl_built", "cuda_built", "rocm_built",
     "ddl_built", "ccl_built", "counters", "set_knob", "transport", "start_timeline",
-    "stop_timeline",
+    "stop_timeline", "flight_recorder",
 ]
 
 _TOPOLOGY_VARS = {
@@ -291,6 +291,33 @@ def ddl_built():
 
 def ccl_built():
     return False
+
+
+_FLIGHT_CODES = ("ok", "invalid_argument", "mismatch", "peer_failure", "shutdown",
+                 "not_initialized", "duplicate_name", "timeout")
+
+
+def flight_recorder():
+    """This rank's flight recorder: its last ``SDL_FLIGHT_RECORDER_SIZE`` collectives,
+    oldest first, one dict each (id, name, op, dtype, shape, process_set, the steady-clock
+    seconds since init when it was enqueued / negotiated / started / done, 0 for a step
+    not reached, from_cache, state, and wall_time_base: the Unix time of second 0).
+    Readable after a failure too (until the next ``init()``)."""
+    try:
+        base, rows = _core.flight_recorder()
+    except _core.CoreError as e:
+        raise_from_core(e)
+    keys = ("id", "name", "op", "dtype", "shape", "process_set", "enqueued", "negotiated",
+            "started", "done", "from_cache")
+    out = []
+    for row in rows:
+        rec = dict(zip(keys, row[:11]))
+        rec["shape"] = list(rec["shape"])
+        rec["state"] = (_FLIGHT_CODES[row[11]] if rec["done"] else
+                        "running" if rec["started"] else "waiting")
+        rec["wall_time_base"] = base
+        out.append(rec)
+    return out
 
 
 def counters():

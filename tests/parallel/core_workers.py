@@ -347,14 +347,6 @@ def die_mid_collective(how):
     return {"error": err, "elapsed": elapsed, "later": later}
 
 
-def stalled_rank():
-    """The last rank submits its tensor late: rank 0 warns which rank is missing."""
-    sdl.init()
-    if sdl.rank() == sdl.size() - 1:
-        time.sleep(2.5)
-    return float(sdl.allreduce(np.array([1.0]), name="slow", op=sdl.Sum)[0])
-
-
 def mpi4py_split():
     """Each half of COMM_WORLD runs its own spark_dl next to the user's mpi4py code."""
     from mpi4py import MPI

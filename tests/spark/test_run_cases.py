@@ -174,6 +174,31 @@ def sigkill_rank_1():
     time.sleep(120)
 
 
+def stall_rank_1(folder):
+    """Rank 1 stays alive but never submits 'grad.w' (the stall inspector's case): with
+    SDL_STALL_SHUTDOWN_TIME set, both ranks raise; returns (error, flight-recorder dump)."""
+    import json
+    import time
+
+    import numpy as np
+
+    import spark_dl.numpy as sdl
+
+    sdl.init()
+    sdl.allreduce(np.ones(2), name="step.0", op=sdl.Sum)
+    try:
+        if sdl.rank() == 1:
+            time.sleep(4)
+            sdl.allreduce(np.ones(2), name="late", op=sdl.Sum)
+        else:
+            sdl.allreduce(np.ones(2), name="grad.w", op=sdl.Sum)
+        error = None
+    except Exception as e:  # noqa: BLE001 - returned to the test
+        error = f"{type(e).__name__}: {e}"
+    with open(os.path.join(folder, f"flight_recorder.rank{sdl.rank()}.json")) as f:
+        return error, json.load(f)
+
+
 # ---- checks shared by the Gloo and MPI tests (run on the driver) ---------------------
 
 def expect_worker_failure(fn, **run_kwargs):

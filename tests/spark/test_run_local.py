@@ -11,7 +11,7 @@ pytest.importorskip("pyspark")
 from spark_dl.spark import run  # noqa: E402
 from spark_dl.spark.launch.errors import NotEnoughSlotsError, WorkerFailedError  # noqa: E402
 from test_run_cases import (raise_on_rank_1, sigkill_rank_1, spark_session,  # noqa: E402
-                            topology, worker_processes)
+                            stall_rank_1, topology, worker_processes)
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(120)]
 
@@ -52,6 +52,25 @@ def test_worker_killed_by_sigkill_ends_run(spark):
     assert e.rank == 1 and e.exit_code == 137 and "SIGKILL" in str(e)
     assert e.remote_traceback is None
     assert worker_processes(e.job_id) == []
+
+
+def test_stall_shutdown_names_tensor_rank_and_host_and_dumps(spark, tmp_path):
+    """The stall inspector and the flight recorder on Spark (docs/observability.md)."""
+    import socket
+
+    err = io.StringIO()
+    start = time.monotonic()
+    results = run(stall_rank_1, args=(str(tmp_path),), num_proc=2, stderr=err,
+                  env={"SDL_STALL_CHECK_TIME": "1", "SDL_STALL_SHUTDOWN_TIME": "2",
+                       "SDL_FLIGHT_RECORDER_DIR": str(tmp_path)})
+    assert time.monotonic() - start < 60
+    for rank, (error, dump) in enumerate(results):
+        assert error.startswith("PeerFailureError: Stalled for more than 2 s"), error
+        assert "allreduce 'grad.w'" in error and "missing rank 1" in error, error
+        assert f"(host {socket.gethostname()})" in error, error
+        assert dump["rank"] == rank and dump["records"][0]["name"] == "step.0", dump
+    # Rank 0's warning came first, with the workers' output.
+    assert "stall inspector: 1 tensor of process set 0" in err.getvalue(), err.getvalue()
 
 
 def test_more_workers_than_slots_fails_fast(spark):

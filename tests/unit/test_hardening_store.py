@@ -95,3 +95,21 @@ def test_atomic_write_fsyncs_file_then_directory(tmp_path, monkeypatch):
             f.write(b"partial")
             raise RuntimeError("boom")
     assert os.listdir(tmp_path / "a") == ["checkpoint"]
+
+
+def test_estimator_workers_dump_the_flight_recorder_into_a_local_run(tmp_path, monkeypatch):
+    """A LocalStore's run gets the dumps (docs/observability.md); a user's folder wins."""
+    from spark_dl.spark.common.worker import _flight_recorder_in_run
+
+    monkeypatch.delenv("SDL_FLIGHT_RECORDER_DIR", raising=False)
+    remote = LocalStore(str(tmp_path)).to_remote(run_id="run1")
+    _flight_recorder_in_run(remote)
+    folder = os.environ["SDL_FLIGHT_RECORDER_DIR"]
+    assert folder == os.path.join(str(tmp_path), "runs", "run1", "flight_recorder")
+    assert os.path.isdir(folder)
+    monkeypatch.setenv("SDL_FLIGHT_RECORDER_DIR", "/mine")
+    _flight_recorder_in_run(remote)
+    assert os.environ["SDL_FLIGHT_RECORDER_DIR"] == "/mine"
+    monkeypatch.delenv("SDL_FLIGHT_RECORDER_DIR")
+    _flight_recorder_in_run(None)  # spark.run has no run
+    assert "SDL_FLIGHT_RECORDER_DIR" not in os.environ

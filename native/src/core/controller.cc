@@ -119,8 +119,14 @@ void Controller::Negotiate(ProcessSet& ps, const Config& cfg) {
       CoordinatorAdd(ps, q, std::move(reqs), joined);
     }
     std::vector<std::string> warnings;
+    StallOptions stall;
+    if (!cfg.stall_check_disable) {
+      stall.check_s = cfg.stall_check_s;
+      stall.shutdown_s = cfg.stall_shutdown_s;
+    }
+    stall.hosts = &hosts_;
     std::vector<Response> ready =
-        CoordinatorReady(ps, cfg.fusion_threshold, cfg.stall_warning_s, cfg.timeout_s, &warnings);
+        CoordinatorReady(ps, cfg.fusion_threshold, stall, cfg.timeout_s, &warnings);
     for (const std::string& w : warnings) log_(0, "warning: " + w);
     if (cfg.verbose >= 2) {
       for (const Response& r : ready)

@@ -55,6 +55,10 @@ class Controller {
   // members agreed to stop (then nothing was executed).
   bool Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutdown_requested);
 
+  // Host name per global rank, for the stall inspector's messages (set at init).
+  void set_hosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }
+  const std::vector<std::string>& hosts() const { return hosts_; }
+
   // Global ranks that asked to stop in the cycle that stopped (empty before).
   const std::vector<int32_t>& stopping_ranks() const { return stopping_ranks_; }
 
@@ -71,6 +75,7 @@ class Controller {
   LogFn log_;
   std::vector<int32_t> stopping_ranks_;
   Timeline* timeline_ = nullptr;
+  std::vector<std::string> hosts_;
 };
 
 }  // namespace sdl

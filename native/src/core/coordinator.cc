@@ -21,6 +21,22 @@ std::string RankList(const std::vector<int>& ranks) {
   return s + "]";
 }
 
+// "rank 1 (host a)" or "ranks [1, 2] (hosts a, b)"; hosts may be null.
+std::string RanksOnHosts(const std::vector<int>& ranks, const std::vector<std::string>* hosts) {
+  std::string s = ranks.size() == 1 ? "rank " + std::to_string(ranks[0]) : "ranks " + RankList(ranks);
+  if (!hosts) return s;
+  std::vector<std::string> seen;
+  for (int r : ranks)
+    if (r < static_cast<int>(hosts->size()) && !(*hosts)[r].empty() &&
+        std::find(seen.begin(), seen.end(), (*hosts)[r]) == seen.end())
+      seen.push_back((*hosts)[r]);
+  if (seen.empty()) return s;
+  s += seen.size() == 1 ? " (host " : " (hosts ";
+  for (size_t i = 0; i < seen.size() && i < 8; ++i) s += (i ? ", " : "") + seen[i];
+  if (seen.size() > 8) s += " and " + std::to_string(seen.size() - 8) + " more";
+  return s + ")";
+}
+
 // Compares one property across members; on mismatch returns a message such
 // as "Mismatched allreduce shapes for tensor 'w': rank 0 has [2, 3], rank 1 has [3]".
 // key decides equality; show (default: key) is what the message prints per rank,
@@ -259,10 +275,61 @@ std::map<std::string, std::string> Unmatchable(const ProcessSet& ps, double mism
   return out;
 }
 
+int FirstHave(const ProcessSet& ps, const PendingName& p) {
+  for (int i = 0; i < ps.size(); ++i)
+    if (p.have[i]) return i;
+  return 0;
+}
+
+std::string Seconds(double s) {
+  std::ostringstream o;
+  o << s << " s";
+  return o.str();
+}
+
+// The stalled names grouped by the members missing from them, bounded: up to
+// 4 groups of up to 8 names each, e.g. "missing rank 1 (host h1): allreduce
+// 'a' (submitted by rank 0, waiting 3 s), allreduce 'b' (...)".
+std::string DescribeStalled(const ProcessSet& ps, const std::vector<std::string>& names, double now,
+                            const std::vector<std::string>* hosts) {
+  const Coordinator& c = ps.coord;
+  std::vector<std::pair<std::vector<int>, std::vector<std::string>>> groups;
+  for (const std::string& name : names) {
+    const PendingName& p = c.table.at(name);
+    std::vector<int> missing;
+    for (int i = 0; i < ps.size(); ++i)
+      if (!p.have[i] && !c.joined[i]) missing.push_back(ps.ranks[i]);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& e) { return e.first == missing; });
+    if (g == groups.end()) {
+      groups.push_back({missing, {}});
+      g = groups.end() - 1;
+    }
+    g->second.push_back(name);
+  }
+  std::string out;
+  for (size_t k = 0; k < groups.size() && k < 4; ++k) {
+    const auto& [missing, members] = groups[k];
+    out += (k ? "; " : "") + std::string("missing ") + RanksOnHosts(missing, hosts) + ": ";
+    for (size_t i = 0; i < members.size() && i < 8; ++i) {
+      const PendingName& p = c.table.at(members[i]);
+      std::vector<int> have;
+      for (int m = 0; m < ps.size(); ++m)
+        if (p.have[m]) have.push_back(ps.ranks[m]);
+      out += (i ? ", " : "") + std::string(OpTypeName(p.reqs[FirstHave(ps, p)].op)) + " '" +
+             members[i] + "' (submitted by " + RanksOnHosts(have, nullptr) + ", waiting " +
+             std::to_string(static_cast<int>(now - p.first_seen)) + " s)";
+    }
+    if (members.size() > 8) out += " and " + std::to_string(members.size() - 8) + " more";
+  }
+  if (groups.size() > 4) out += "; and " + std::to_string(groups.size() - 4) + " more groups";
+  return out;
+}
+
 }  // namespace
 
-std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold, double stall_s,
-                                       double mismatch_s, std::vector<std::string>* warnings) {
+std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
+                                       const StallOptions& stall, double mismatch_s,
+                                       std::vector<std::string>* warnings) {
   const double now = NowSeconds();
   Coordinator& c = ps.coord;
   if (c.joined.empty()) c.joined.assign(ps.size(), false);
@@ -274,6 +341,7 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
   std::map<std::string, std::vector<Response>> groups;  // group -> validated members
   std::map<std::string, int> group_size;
   std::vector<std::string> still;
+  std::vector<std::string> stalled, dead;  // incomplete past the check / shutdown time
   for (const std::string& name : c.order) {
     auto it = c.table.find(name);
     if (it == c.table.end()) continue;
@@ -295,16 +363,8 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
       continue;
     }
     if (!Complete(ps, p)) {
-      if (stall_s > 0 && !p.warned && now - p.first_seen > stall_s) {
-        p.warned = true;
-        std::vector<int> have, missing;
-        for (int i = 0; i < ps.size(); ++i) (p.have[i] ? have : missing).push_back(ps.ranks[i]);
-        warnings->push_back("tensor '" + name + "' has waited " +
-                            std::to_string(static_cast<int>(now - p.first_seen)) +
-                            " s: submitted by rank(s) " + RankList(have) +
-                            ", not yet by rank(s) " + RankList(missing) +
-                            " (a rank is stalled, or ranks call operations with different names)");
-      }
+      if (stall.check_s > 0 && now - p.first_seen > stall.check_s) stalled.push_back(name);
+      if (stall.shutdown_s > 0 && now - p.first_seen > stall.shutdown_s) dead.push_back(name);
       still.push_back(name);
       continue;
     }
@@ -322,6 +382,29 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
     }
   }
   c.order.swap(still);
+  if (!dead.empty()) {
+    // The stall shutdown: one error response that ends the runtime everywhere
+    // (nothing else runs in this cycle: the members stop on it).
+    Response r;
+    r.op = c.table.at(dead[0]).reqs[FirstHave(ps, c.table.at(dead[0]))].op;
+    r.names = {dead[0]};
+    r.shapes = {{}};
+    r.error = "Stalled for more than " + Seconds(stall.shutdown_s) +
+              " (SDL_STALL_SHUTDOWN_TIME) on process set " + std::to_string(ps.id) + ": " +
+              DescribeStalled(ps, dead, now, stall.hosts) +
+              ". Every rank stops; each dumped its flight recorder";
+    r.error_code = ErrorCode::kPeerFailure;
+    return {r};
+  }
+  if (!stalled.empty() && now - c.stall_warned_at >= stall.check_s) {
+    c.stall_warned_at = now;
+    warnings->push_back("stall inspector: " + std::to_string(stalled.size()) + " tensor" +
+                        (stalled.size() > 1 ? "s" : "") + " of process set " +
+                        std::to_string(ps.id) + " waited more than " + Seconds(stall.check_s) +
+                        " (SDL_STALL_CHECK_TIME) for ranks that have not submitted them: " +
+                        DescribeStalled(ps, stalled, now, stall.hosts) +
+                        ". A rank is stalled, or ranks call operations with different names");
+  }
   for (auto& [g, members] : groups) {
     if (static_cast<int>(members.size()) < group_size[g]) continue;
     for (const Response& m : members) c.table.erase(m.names[0]);
@@ -374,6 +457,29 @@ std::vector<Response> CoordinatorReady(ProcessSet& ps, int64_t fusion_threshold,
     c.last_joined = -1;
   }
   return FuseResponses(std::move(ready), fusion_threshold);
+}
+
+std::string CoordinatorDivergence(const ProcessSet& ps, const std::vector<std::string>* hosts) {
+  const Coordinator& c = ps.coord;
+  if (c.joined.size() != static_cast<size_t>(ps.size())) return "";
+  int waiting = 0;
+  std::string first;
+  for (const std::string& name : c.order) {
+    auto it = c.table.find(name);
+    if (it == c.table.end() || Complete(ps, it->second)) continue;
+    if (waiting++ == 0) {
+      const PendingName& p = it->second;
+      std::vector<int> have, missing;
+      for (int i = 0; i < ps.size(); ++i)
+        if (p.have[i]) have.push_back(ps.ranks[i]);
+        else if (!c.joined[i]) missing.push_back(ps.ranks[i]);
+      first = std::string(OpTypeName(p.reqs[FirstHave(ps, p)].op)) + " '" + name +
+              "' on process set " + std::to_string(ps.id) + ", submitted by " +
+              RanksOnHosts(have, hosts) + ", not by " + RanksOnHosts(missing, hosts);
+    }
+  }
+  if (waiting > 1) first += " (" + std::to_string(waiting - 1) + " later name" + (waiting > 2 ? "s" : "") + " wait too)";
+  return first;
 }
 
 void AppendMerged(std::vector<Response>* out, std::vector<size_t>* groups, const Response& r) {

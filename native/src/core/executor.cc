@@ -20,6 +20,7 @@ void Runtime::Finish(ProcessSet& ps, const std::string& name, Result result) {
   const bool tensor_op = op == OpType::kAllreduce || op == OpType::kAllgather ||
                          op == OpType::kBroadcast || op == OpType::kAlltoall ||
                          op == OpType::kReducescatter;
+  recorder_.Done(it->second.flight_id, result.code);
   if (result.code == ErrorCode::kOk && tensor_op) {
     counters_.tensors++;
     counters_.bytes += Elements(it->second.req.shape) * DataTypeSize(it->second.req.dtype);
@@ -38,6 +39,9 @@ void Runtime::Finish(ProcessSet& ps, const std::string& name, Result result) {
 
 void Runtime::Execute(ProcessSet& ps, const Response& r, bool from_cache) {
   if (!r.error.empty()) {
+    // A stall shutdown ends the runtime on every member (they all run this response).
+    if (r.error_code == ErrorCode::kPeerFailure) throw Error(r.error_code, r.error);
+    DumpFlightRecorder("MismatchError: " + r.error);
     for (const std::string& name : r.names) {
       ps.cache.Erase(name);
       Result res;
@@ -59,6 +63,7 @@ void Runtime::Execute(ProcessSet& ps, const Response& r, bool from_cache) {
   }
   const bool traced = timeline_ && timeline_->on() && r.op <= OpType::kBarrier;
   if (traced) timeline_->Begin(ps.id, r, TimelineNow());
+  recorder_.Started(ps, r, from_cache);
   switch (r.op) {
     case OpType::kAllreduce: ExecAllreduce(ps, r); break;
     case OpType::kAllgather: ExecAllgather(ps, r); break;

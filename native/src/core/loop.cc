@@ -61,6 +61,7 @@ void Runtime::Intake(ProcessSet& ps) {
     }
     e.since = now;
     e.seq = ps.next_seq++;
+    e.flight_id = recorder_.Enqueued(ps.id, e.req, now);
     std::string name = e.req.name;
     ps.pending.insert_or_assign(std::move(name), std::move(e));
   }
@@ -124,6 +125,7 @@ void Runtime::RunCycleLocked() {
     // runtime like a failed cycle, on whichever thread runs the cycles.
     ThrowIfError(ops_.Poll());
     if (timeline_ && timeline_->on() && timeline_->mark_cycles()) timeline_->Cycle(TimelineNow());
+    recorder_.CycleStarted();
     std::shared_ptr<ProcessSet> world = FindSet(0);
     Intake(*world);
     if (controller_.Cycle(*world, config(), true, shutdown_requested_.load())) {
@@ -156,6 +158,9 @@ void Runtime::RunCycleLocked() {
     code = ErrorCode::kPeerFailure;
     message = std::string("background thread failed: ") + e.what();
   }
+  // The coordinator names where the ranks parted ways (its table knows, even of a dead peer).
+  if (const std::string d = DivergenceLocked(); !d.empty() && message.rfind("Stalled", 0) != 0)
+    message += "; the ranks parted ways at " + d;
   failed_.store(true);
   ended_ = true;
   end_code_ = code;
@@ -282,6 +287,7 @@ void Runtime::Loop() {
   const ErrorCode code = end_code_;
   const std::string message = end_message_;
   if (failed_.load()) Log(0, message);
+  if (failed_.load()) DumpFlightRecorder("the runtime failed: " + message);
   {
     std::lock_guard<std::mutex> lk(status_mu_);
     stop_code_ = code;

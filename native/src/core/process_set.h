@@ -36,6 +36,7 @@ struct Entry {
   bool sent = false;         // already sent to the coordinator
   double since = 0;          // steady-clock seconds when the background thread took it in
   uint64_t seq = 0;          // intake order within its set (requests go out in this order)
+  uint64_t flight_id = 0;    // its flight-recorder record (0: none)
 };
 
 // What the coordinator (member 0) knows of one name across the set's members.
@@ -45,7 +46,6 @@ struct PendingName {
   std::vector<double> when;    // per member: steady-clock seconds its request arrived
   int count = 0;
   double first_seen = 0;       // steady-clock seconds when the first request arrived
-  bool warned = false;         // stall warning already logged
 };
 
 struct Coordinator {
@@ -53,6 +53,7 @@ struct Coordinator {
   std::vector<std::string> order;  // arrival order of names
   std::vector<bool> joined;
   int last_joined = -1;
+  double stall_warned_at = 0;      // steady-clock seconds of the last stall warning
   bool Empty() const { return table.empty(); }
 };
 

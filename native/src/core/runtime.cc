@@ -19,6 +19,7 @@
 #include "comm/mpi_comm.h"
 #endif
 #include "comm/shm_comm.h"
+#include "core/coordinator.h"
 #include "ops/gpu_backends.h"
 #include "common/reduce.h"
 
@@ -33,6 +34,21 @@ std::string HostIdentity(const std::string& override_id) {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::getline(f, boot);
   return std::string(buf) + "/" + boot;
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// Peers exchange "identity\nhost name": the identity groups ranks by host,
+// the name is what messages print (on Spark the identity is a hash).
+std::string HostRecord(const std::string& identity) { return identity + "\n" + HostName(); }
+void SplitHostRecord(const std::string& rec, std::string* identity, std::string* name) {
+  size_t nl = rec.find('\n');
+  *identity = rec.substr(0, nl);
+  *name = nl == std::string::npos ? *identity : rec.substr(nl + 1);
 }
 
 std::string RandomToken() {
@@ -55,6 +71,7 @@ std::string StoreGet(gloo::rendezvous::Store& store, const std::string& key, dou
 Runtime::Runtime(RuntimeOptions opts)
     : opts_(std::move(opts)),
       config_(opts_.config),
+      recorder_(static_cast<size_t>(std::max<int64_t>(opts_.config.flight_recorder_size, 0))),
       controller_(
           counters_,
           [this](ProcessSet& ps, const Response& r, bool from_cache) { Execute(ps, r, from_cache); },
@@ -68,6 +85,7 @@ Runtime::Runtime(RuntimeOptions opts)
   } else {
     InitStore();
   }
+  controller_.set_hosts(host_name_of_rank_);
 #ifdef SDL_HAVE_MPI
   // MPI calls from several threads need MPI_THREAD_MULTIPLE (cycles never
   // overlap, but a caller's cycle and the background's run on different threads).
@@ -105,6 +123,7 @@ void Runtime::InitStore() {
     throw Error(ErrorCode::kInvalidArgument, "invalid rank " + std::to_string(t.rank) +
                                                  " for size " + std::to_string(t.size));
   host_of_rank_.assign(t.size, HostIdentity(config_.host_id));
+  host_name_of_rank_.assign(t.size, HostName());
   if (t.size == 1) return;
   if (!opts_.store)
     throw Error(ErrorCode::kInvalidArgument,
@@ -113,13 +132,14 @@ void Runtime::InitStore() {
                     "spark_dl.spark.run (they set SDL_RENDEZVOUS_ADDR/PORT and SDL_SECRET_KEY)");
   auto& store = *opts_.store;
   std::string prefix = "e" + std::to_string(opts_.epoch) + "/";
-  store.set(prefix + "host/" + std::to_string(t.rank), Bytes(host_of_rank_[t.rank]));
+  store.set(prefix + "host/" + std::to_string(t.rank), Bytes(HostRecord(host_of_rank_[t.rank])));
   if (t.rank == 0) {
     job_token_ = RandomToken();
     store.set(prefix + "job", Bytes(job_token_));
   }
   for (int r = 0; r < t.size; ++r)
-    host_of_rank_[r] = StoreGet(store, prefix + "host/" + std::to_string(r), config_.start_timeout_s);
+    SplitHostRecord(StoreGet(store, prefix + "host/" + std::to_string(r), config_.start_timeout_s),
+                    &host_of_rank_[r], &host_name_of_rank_[r]);
   job_token_ = StoreGet(store, prefix + "job", config_.start_timeout_s);
 }
 
@@ -167,7 +187,10 @@ void Runtime::InitMpi() {
   std::vector<int> all(t.size);
   for (int r = 0; r < t.size; ++r) all[r] = r;
   MpiComm bootstrap(boot, all);
-  host_of_rank_ = bootstrap.AllgatherBytes(HostIdentity(config_.host_id));
+  std::vector<std::string> recs = bootstrap.AllgatherBytes(HostRecord(HostIdentity(config_.host_id)));
+  host_of_rank_.assign(t.size, "");
+  host_name_of_rank_.assign(t.size, "");
+  for (int r = 0; r < t.size; ++r) SplitHostRecord(recs[r], &host_of_rank_[r], &host_name_of_rank_[r]);
   job_token_ = t.rank == 0 ? RandomToken() : "";
   bootstrap.BroadcastBytes(&job_token_, 0);
 #else
@@ -199,6 +222,52 @@ Runtime::~Runtime() {
 void Runtime::Log(int level, const std::string& msg) {
   if (config_.verbose >= level)
     std::fprintf(stderr, "[spark_dl rank %d] %s\n", opts_.topo.rank, msg.c_str());
+}
+
+void Runtime::DumpFlightRecorder(const std::string& why) {
+  if (recorder_.capacity() == 0) return;
+  const int rank = opts_.topo.rank;
+  const std::string host =
+      rank < static_cast<int>(host_name_of_rank_.size()) ? host_name_of_rank_[rank] : "";
+  // The reason is a failure's message: bounded, the log line stays readable.
+  const std::string reason = why.size() > 300 ? why.substr(0, 300) + "..." : why;
+  const std::string dir = config().flight_recorder_dir;
+  std::string where;
+  if (!dir.empty()) {
+    // Written whole to a temporary name, then renamed: a reader never sees half a dump.
+    const std::string path = dir + "/flight_recorder.rank" + std::to_string(rank) + ".json";
+    std::ofstream f(path + ".tmp", std::ios::trunc);
+    f << recorder_.Json(rank, host, reason);
+    f.close();
+    if (f && std::rename((path + ".tmp").c_str(), path.c_str()) == 0) where = "; full dump in " + path;
+    else where = "; could not write " + path;
+  }
+  std::fprintf(stderr, "[spark_dl rank %d] %s%s\n", rank, recorder_.Text(rank, host, reason, 32).c_str(),
+               where.c_str());
+}
+
+std::string Runtime::DivergenceLocked() {
+  std::vector<std::shared_ptr<ProcessSet>> sets;
+  {
+    std::lock_guard<std::mutex> lk(sets_mu_);
+    for (auto& [id, ps] : active_)
+      if (ps->my_rank == 0) sets.push_back(ps);
+  }
+  for (auto& ps : sets) {
+    std::string d = CoordinatorDivergence(*ps, &host_name_of_rank_);
+    if (!d.empty()) return d;
+  }
+  // The table is empty when the failure came before the names reached it (a
+  // peer died before the negotiation): rank 0's own oldest unfinished
+  // collective is then where the others left it.
+  if (opts_.topo.rank != 0) return "";
+  for (const FlightRecord& r : recorder_.Snapshot()) {
+    if (r.done != 0) continue;
+    return std::string(OpTypeName(r.op)) + " '" + r.name + "' on process set " +
+           std::to_string(r.process_set) + ", which rank 0 had submitted (" +
+           (r.started != 0 ? "it was running" : "not yet negotiated with every rank") + ")";
+  }
+  return "";
 }
 
 Config Runtime::config() {

@@ -29,6 +29,7 @@
 #include "common/message.h"
 #include "core/controller.h"
 #include "core/counters.h"
+#include "core/flight_recorder.h"
 #include "core/handles.h"
 #include "core/process_set.h"
 #include "core/timeline.h"
@@ -140,6 +141,7 @@ class Runtime {
   bool StartTimeline(const std::string& path, bool mark_cycles);
   void StopTimeline();
   Timeline* timeline() { return timeline_.get(); }
+  const FlightRecorder& flight_recorder() const { return recorder_; }
 
  private:
   std::shared_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
@@ -188,16 +190,24 @@ class Runtime {
   void ExecProcessSetChange(ProcessSet& ps, const Response& r);
   void FailSet(ProcessSet& ps, ErrorCode code, const std::string& msg);
   void Log(int level, const std::string& msg);
+  // Dumps this rank's flight recorder (reason: why) to stderr, bounded, and to
+  // the knob flight_recorder_dir when set. Any thread.
+  void DumpFlightRecorder(const std::string& why);
+  // Rank 0 of a set (its coordinator): where the members parted ways, for a
+  // failure's message ("" when no set's table shows it; cycle_mu_ held).
+  std::string DivergenceLocked();
 
   RuntimeOptions opts_;
   std::mutex config_mu_;
   Config config_;
+  FlightRecorder recorder_;  // before controller_: the hooks run from its callbacks
   HandleTable handles_;
   Counters counters_;
   Controller controller_;
   Operations ops_;  // backends, device memories, fusion buffers (background thread)
   std::string job_token_;
   std::vector<std::string> host_of_rank_;
+  std::vector<std::string> host_name_of_rank_;  // what messages print per rank
   std::shared_ptr<gloo::transport::Device> gloo_device_;
   void* mpi_world_ = nullptr;  // MPI_Comm* (kept opaque so this header needs no mpi.h)
 

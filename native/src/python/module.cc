@@ -584,6 +584,17 @@ NB_MODULE(SDL_MODULE_NAME, m) {
     }
     return d;
   });
+  m.def("flight_recorder", [] {
+    // The records as tuples; spark_dl.common.basics.flight_recorder() names the fields.
+    using Row = std::tuple<uint64_t, std::string, std::string, std::string, std::vector<int64_t>,
+                           int32_t, double, double, double, double, bool, int>;
+    std::vector<Row> out;
+    for (const FlightRecord& r : Rt().flight_recorder().Snapshot())
+      out.emplace_back(r.id, r.name, OpTypeName(r.op), DataTypeName(r.dtype), r.shape,
+                       r.process_set, r.enqueued, r.negotiated, r.started, r.done, r.from_cache,
+                       static_cast<int>(r.code));
+    return std::make_pair(Rt().flight_recorder().wall_base(), out);
+  });
   m.def("config", [] { return Rt().config().Items(); });
   m.def("set_knob", [](const std::string& name, const std::string& value) { Rt().SetKnob(name, value); });
   m.def("start_timeline", [](const std::string& path, bool mark_cycles) {

@@ -143,6 +143,7 @@ def train(blob: bytes) -> dict:
     import spark_dl.numpy as sdl
 
     spec.adapter.before_init()  # e.g. start slow imports that overlap the rendezvous
+    _flight_recorder_in_run(spec.remote_store)
     sdl.init()
     t_init = time.time()
     timeline = _start_timeline(spec, sdl)
@@ -174,6 +175,24 @@ def _upload_timeline(spec: TrainSpec, sdl, local: str) -> None:
     with open(local, "rb") as f:
         spec.remote_store.write(posixpath.join(spec.remote_store.run_path, name), f.read())
     shutil.rmtree(os.path.dirname(local), ignore_errors=True)
+
+
+def _flight_recorder_in_run(remote_store) -> None:
+    """Points the flight recorder's dumps (docs/observability.md) at the run's folder when
+    the Store's paths are local files, unless SDL_FLIGHT_RECORDER_DIR chose a folder. Other
+    Stores: the dumps reach the driver with the workers' output."""
+    run_path = getattr(remote_store, "run_path", None)
+    if os.environ.get("SDL_FLIGHT_RECORDER_DIR") or run_path is None:
+        return
+    store = remote_store.store
+    if not store.capabilities.local_paths:
+        return
+    folder = os.path.join(store.get_fs_path(run_path), "flight_recorder")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return  # the dumps still go to the log
+    os.environ["SDL_FLIGHT_RECORDER_DIR"] = folder
 
 
 class _Worker:
