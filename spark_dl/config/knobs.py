@@ -104,6 +104,9 @@ PLATFORM_INPUTS: Dict[str, str] = {
     "TF_NUM_INTRAOP_THREADS": "TensorFlow's own thread setting: when set, KerasEstimator's "
                               "workers keep it instead of sharing the host's cores between "
                               "its ranks",
+    "MLFLOW_EXPERIMENT_NAME": "MLflow's own setting: the experiment an estimator's MLflow run "
+                              "goes to when mlflow_experiment is unset",
+    "MLFLOW_EXPERIMENT_ID": "MLflow's own setting, as MLFLOW_EXPERIMENT_NAME",
 }
 
 _SPACE = " \t\n\r\f\v"
