@@ -92,12 +92,7 @@ for arg in "$@"; do  # an argument naming a test file or folder replaces the def
   [ "${arg#-}" = "$arg" ] && [ -e "${arg%%::*}" ] && TESTS=()
 done
 "$VENV/bin/python" -c 'import pyspark, pyarrow, pandas, numpy; print(f"spark35: pyspark {pyspark.__version__}, pyarrow {pyarrow.__version__}, pandas {pandas.__version__}, numpy {numpy.__version__}")'
-# Two xdist workers, as scripts/test.sh (PYTEST_WORKERS; 0: one process): each module's
-# session on one worker, the modules side by side.
-WORKERS="${PYTEST_WORKERS:-2}"
-xdist=()
-[ "$WORKERS" != 0 ] && xdist=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)
-"$VENV/bin/python" -m pytest "${xdist[@]}" "${TESTS[@]}" "$@"
+"$VENV/bin/python" -m pytest "${TESTS[@]}" "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "spark35: pytest collected no tests; failing" >&2
