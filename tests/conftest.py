@@ -68,6 +68,7 @@ def _group_rank(nodeid: str) -> int:
                 len(_GROUP_ORDER))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: absent under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadfile, with the shared groups above (in the controller)."""
     if config.getvalue("dist") != "loadfile":
