@@ -84,31 +84,29 @@ def overrides(module, name: str) -> bool:
 
 # Hooks of Lightning 1.x that Lightning 2 no longer calls, and never says so: a Horovod
 # program's callback or module that defines one loses what it did without a word. Each maps
-# to what to use instead.
-REMOVED_CALLBACK_HOOKS = {
-    "on_init_start": "do it in the callback's __init__",
-    "on_init_end": "do it in the callback's __init__",
+# to what to use instead (the first ones were removed from callbacks and modules alike).
+_REMOVED_EVERYWHERE = {
     "on_epoch_start": "on_train_epoch_start / on_validation_epoch_start",
     "on_epoch_end": "on_train_epoch_end / on_validation_epoch_end",
     "on_batch_start": "on_train_batch_start",
     "on_batch_end": "on_train_batch_end",
     "on_pretrain_routine_start": "on_fit_start",
     "on_pretrain_routine_end": "on_fit_start",
-    "on_keyboard_interrupt": "on_exception",
-    "on_configure_sharded_model": "setup",
-    "on_before_accelerator_backend_setup": "setup",
 }
-REMOVED_MODULE_HOOKS = {
-    "on_epoch_start": "on_train_epoch_start / on_validation_epoch_start",
-    "on_epoch_end": "on_train_epoch_end / on_validation_epoch_end",
-    "on_batch_start": "on_train_batch_start",
-    "on_batch_end": "on_train_batch_end",
-    "on_pretrain_routine_start": "on_fit_start",
-    "on_pretrain_routine_end": "on_fit_start",
-    "training_step_end": "training_step (it sees the whole batch on each rank)",
-    "validation_step_end": "validation_step",
-    "test_step_end": "test_step",
-}
+REMOVED_CALLBACK_HOOKS = dict(
+    _REMOVED_EVERYWHERE,
+    on_init_start="the callback's __init__",
+    on_init_end="the callback's __init__",
+    on_keyboard_interrupt="on_exception",
+    on_configure_sharded_model="setup",
+    on_before_accelerator_backend_setup="setup",
+)
+REMOVED_MODULE_HOOKS = dict(
+    _REMOVED_EVERYWHERE,
+    training_step_end="training_step (it sees the whole batch on each rank)",
+    validation_step_end="validation_step",
+    test_step_end="test_step",
+)
 
 
 def removed_hooks(module, callbacks) -> List[str]:
