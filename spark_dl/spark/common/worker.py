@@ -26,6 +26,7 @@ import math
 import os
 import posixpath
 import shutil
+import sys
 import tempfile
 import time
 from typing import Any, List, Optional
@@ -153,7 +154,11 @@ def train(blob: bytes) -> dict:
         return worker.run()
     finally:
         if timeline:
-            _upload_timeline(spec, sdl, timeline)
+            try:
+                _upload_timeline(spec, sdl, timeline)
+            except Exception as e:  # never hide training's own outcome or error
+                print(f"warning: the timeline could not be copied into the Store: {e}",
+                      file=sys.stderr, flush=True)
 
 
 def _start_timeline(spec: TrainSpec, sdl) -> Optional[str]:
@@ -182,7 +187,7 @@ def _flight_recorder_in_run(remote_store) -> None:
     the Store's paths are local files, unless SDL_FLIGHT_RECORDER_DIR chose a folder. Other
     Stores: the dumps reach the driver with the workers' output."""
     run_path = getattr(remote_store, "run_path", None)
-    if os.environ.get("SDL_FLIGHT_RECORDER_DIR") or run_path is None:
+    if knobs.value("flight_recorder_dir") or run_path is None:
         return
     store = remote_store.store
     if not store.capabilities.local_paths:
