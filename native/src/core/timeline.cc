@@ -356,32 +356,28 @@ void Timeline::Begin(int32_t ps, const Response& r, double t) {
   cur_names_ = std::make_shared<const std::vector<std::string>>(r.names);
 }
 
-void Timeline::Phase(const std::string& phase, double t0, double t1) {
-  if (!cur_names_) return;
+Timeline::Record Timeline::Current(Kind kind, double t0, double t1,
+                                   const std::string& name) const {
   Record rec;
-  rec.kind = Kind::kSpan;
+  rec.kind = kind;
   rec.session = session_.load(std::memory_order_relaxed);
   rec.ps = cur_ps_;
+  rec.op = cur_op_;
   rec.t0 = t0;
   rec.t1 = t1;
-  rec.name = phase;
+  rec.name = name;
   rec.names = cur_names_;
-  Push(std::move(rec));
+  return rec;
+}
+
+void Timeline::Phase(const std::string& phase, double t0, double t1) {
+  if (cur_names_) Push(Current(Kind::kSpan, t0, t1, phase));
 }
 
 void Timeline::End(const std::string& transport, double t) {
   if (!cur_names_) return;
-  Record rec;
-  rec.kind = Kind::kOuter;
-  rec.session = session_.load(std::memory_order_relaxed);
-  rec.ps = cur_ps_;
-  rec.op = cur_op_;
-  rec.t0 = cur_start_;
-  rec.t1 = t;
-  rec.name = transport;
-  rec.names = std::move(cur_names_);
+  Push(Current(Kind::kOuter, cur_start_, t, transport));
   cur_names_.reset();
-  Push(std::move(rec));
 }
 
 void Timeline::Cycle(double t) {

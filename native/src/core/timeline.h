@@ -102,6 +102,8 @@ class Timeline {
     std::atomic<size_t> seq{0};
     Record rec;
   };
+  // A record of the response Begin started (its set, op and names).
+  Record Current(Kind kind, double t0, double t1, const std::string& name) const;
   bool Push(Record&& rec);
   bool Pop(Record* rec);
   void WriterLoop();
