@@ -11,11 +11,21 @@ both as ``history_df()`` and ``plot_history()``.
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["history_frame", "plot_history"]
+__all__ = ["history_frame", "plot_history", "epochs_after"]
 
 #: Columns that are not a training quantity: ``epoch`` is the index, ``rows_per_s`` is
 #: throughput (plotted only when asked for).
 _NOT_CURVES = ("epoch", "rows_per_s")
+
+
+def epochs_after(history: Optional[Dict[str, Sequence]], first_epoch: int):
+    """``(epoch, logs)`` for each epoch of ``history`` after ``first_epoch`` (a resumed fit's
+    earlier epochs are not this fit's), ``logs`` holding every column's value of that epoch:
+    for listeners that fill in the epochs their live events missed."""
+    history = history or {}
+    for i, epoch in enumerate(history.get("epoch", [])):
+        if epoch > first_epoch:
+            yield int(epoch), {k: v[i] for k, v in history.items() if i < len(v)}
 
 
 def history_frame(history: Optional[Dict[str, Sequence]]):

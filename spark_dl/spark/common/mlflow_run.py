@@ -283,9 +283,10 @@ class MlflowLogger:
         """Logs what the live events missed from ``history`` (a backend that forwards no
         output), the run folder and ``model`` (None: the fit failed), waits for the
         background thread and ends a run this logger started. ``say`` prints notes."""
-        for i, epoch in enumerate((history or {}).get("epoch", [])):
-            if epoch > self.first_epoch:
-                self._add(int(epoch), {k: v[i] for k, v in history.items() if i < len(v)})
+        from spark_dl.spark.common.history import epochs_after
+
+        for epoch, logs in epochs_after(history, self.first_epoch):
+            self._add(epoch, logs)
         self._start()  # a fit that reported nothing still gets its run
         self._queue.put(None)
         self._thread.join()

@@ -23,6 +23,8 @@ import time
 import types
 from typing import Optional
 
+from spark_dl.spark.common.history import epochs_after
+
 __all__ = ["TensorBoardLogger"]
 
 
@@ -145,11 +147,10 @@ class TensorBoardLogger:
         output), closes the writer. Returns a note when TensorBoard logs were skipped."""
         if self.path is None:
             return None
-        if history:
-            for i, epoch in enumerate(history.get("epoch", [])):
-                if epoch > self.first_epoch and epoch not in self._written:
-                    self.add(epoch, {k: v[i] for k, v in history.items()
-                                     if k not in ("epoch", "rows_per_s") and i < len(v)})
+        for epoch, logs in epochs_after(history, self.first_epoch):
+            if epoch not in self._written:
+                self.add(epoch, {k: v for k, v in logs.items()
+                                 if k not in ("epoch", "rows_per_s")})
         if self._thread is None and not self._pending:
             return None  # training never started and reported nothing: no event file
         self.start()
