@@ -8,6 +8,7 @@ too). With none of them it runs alone: rank 0 of 1.
 
 import atexit
 import os
+import warnings
 
 from spark_dl.common.native import core as _core, mpi_missing_reason
 from spark_dl.common.exceptions import InvalidArgumentError, raise_from_core
@@ -184,9 +185,19 @@ def init(comm=None, process_sets=None, **knobs):
         t = _core.topology()
         _homogeneous = t["size"] % t["local_size"] == 0
         ps_module._on_init(process_sets or ())
+        if t["rank"] == 0:
+            _warn_misspelled(environ)
     if not _atexit_registered:
         atexit.register(_at_exit)
         _atexit_registered = True
+
+
+def _warn_misspelled(environ):
+    """Rank 0 names the ``SDL_`` variables that nothing reads but look meant for a knob (a
+    typo or a renamed variable): their value is not applied, which is otherwise silent."""
+    for var, instead in knob_table.misspelled(environ).items():
+        why = "was renamed" if var in knob_table.RENAMED else "is no spark_dl setting"
+        warnings.warn(f"{var} {why} and is ignored: set {instead} instead", stacklevel=3)
 
 
 def _at_exit():

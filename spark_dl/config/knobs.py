@@ -46,7 +46,7 @@ import re
 from typing import Dict, Mapping, Optional, Tuple
 
 __all__ = ["Knob", "TYPES", "SCOPES", "LAUNCHER_INPUTS", "PLATFORM_INPUTS", "parse", "table",
-           "value", "describe", "describe_inputs", "example_env"]
+           "value", "describe", "describe_inputs", "example_env", "RENAMED", "misspelled"]
 
 TYPES = ("bool", "int", "double", "duration", "string", "enum")
 SCOPES = ("core", "launcher", "both")
@@ -107,6 +107,12 @@ PLATFORM_INPUTS: Dict[str, str] = {
     "MLFLOW_EXPERIMENT_NAME": "MLflow's own setting: the experiment an estimator's MLflow run "
                               "goes to when mlflow_experiment is unset",
     "MLFLOW_EXPERIMENT_ID": "MLflow's own setting, as MLFLOW_EXPERIMENT_NAME",
+}
+
+# Variables an earlier release read under another name: setting one does nothing now, so
+# init() says what to set instead (see misspelled()).
+RENAMED: Dict[str, str] = {
+    "SDL_STALL_WARNING": "SDL_STALL_CHECK_TIME",
 }
 
 _SPACE = " \t\n\r\f\v"
@@ -265,6 +271,33 @@ def value(name: str, environ: Optional[Mapping[str, str]] = None):
         ValueError: a set value does not parse; the message names the variable.
     """
     return _TABLE[name].read(environ)
+
+
+def misspelled(environ: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """``{variable: what to set instead}`` for the ``SDL_`` variables in ``environ`` (default
+    ``os.environ``) that nothing reads but that look meant for a setting: a name from
+    :data:`RENAMED`, or one a character or two away from a knob or launcher variable
+    (``SDL_FUSION_TRESHOLD``). Other undeclared ``SDL_`` names (a build's or a benchmark's
+    own) are left alone: only near misses are reported, so the list has no false alarms.
+    """
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    known = set(LAUNCHER_INPUTS)
+    for k in _TABLE.values():
+        known.update(filter(None, (k.env, k.fallback_env)))
+    targets = sorted(known)
+    found = {}
+    for var in environ:
+        if not var.startswith("SDL_") or var in known:
+            continue
+        if var in RENAMED:
+            found[var] = RENAMED[var]
+            continue
+        close = difflib.get_close_matches(var, targets, n=1, cutoff=0.85)
+        if close:
+            found[var] = close[0]
+    return found
 
 
 def _text(v) -> str:

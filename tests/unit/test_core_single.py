@@ -169,6 +169,19 @@ def test_bad_knob_value_in_environment_names_the_variable(var, text, expected):
     assert f"InvalidArgumentError: {var}={text}: expected {expected}" in p.stderr, p.stderr
 
 
+def test_init_warns_about_a_misspelled_or_renamed_variable():
+    code = "import spark_dl.numpy as s; s.init(); s.shutdown()"
+    env = dict(os.environ, SDL_FUSION_TRESHOLD="0", SDL_STALL_WARNING="5", SDL_BUILD_TESTS="1")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert ("SDL_FUSION_TRESHOLD is no spark_dl setting and is ignored: set "
+            "SDL_FUSION_THRESHOLD instead") in p.stderr
+    assert ("SDL_STALL_WARNING was renamed and is ignored: set SDL_STALL_CHECK_TIME "
+            "instead") in p.stderr
+    assert "SDL_BUILD_TESTS" not in p.stderr  # a build's own variable, no near miss
+
+
 def test_size_without_launcher_is_a_clear_error():
     code = "import spark_dl.numpy as s; s.init()"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SDL_", "OMPI_", "PMI_"))}

@@ -92,6 +92,17 @@ def test_fallback_variable(clean_env):
         read({"HOROVOD_SPARK_START_TIMEOUT": "x"})
 
 
+def test_misspelled_names_near_misses_and_renamed_variables_only():
+    env = {"SDL_FUSION_TRESHOLD": "0", "SDL_CYCLETIME": "1", "SDL_STALL_WARNING": "5",
+           "SDL_FUSION_THRESHOLD": "0", "HOROVOD_TIMELINE": "t.json", "SDL_GPU_CHECK_OUT": "x",
+           "SDL_TEST_HOSTS": "a", "SDL_RANK": "0", "PATH": "/bin"}
+    assert knobs.misspelled(env) == {"SDL_FUSION_TRESHOLD": "SDL_FUSION_THRESHOLD",
+                                     "SDL_CYCLETIME": "SDL_CYCLE_TIME",
+                                     "SDL_STALL_WARNING": "SDL_STALL_CHECK_TIME"}
+    for old, new in knobs.RENAMED.items():
+        assert new in {k.env for k in knobs.table().values()} and old not in knobs.LAUNCHER_INPUTS
+
+
 def test_docs_carry_the_tables():
     with open(DOCS, encoding="utf-8") as f:
         text = f.read()
