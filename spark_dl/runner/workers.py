@@ -58,6 +58,10 @@ class WorkerSpec:
             ``stderr``; None: the output is this rank's.
         ranks: with ``demux``, the ranks it runs (their output files are created up front).
         report_failure: log its failure; False when the caller explains it better.
+        starter: starts the process instead of ``subprocess.Popen`` (e.g. a fork server's
+            :meth:`~spark_dl.runner.forkserver.ForkServer.spawn`), returning an object with
+            Popen's ``pid``, ``stdin``, ``stdout``, ``stderr`` and ``wait()``, or None to
+            have it started the ordinary way.
     """
 
     rank: int
@@ -70,6 +74,7 @@ class WorkerSpec:
     demux: Optional[Mapping[str, TagDemux]] = None
     ranks: Sequence[int] = ()
     report_failure: bool = True
+    starter: Optional[Callable[["WorkerSpec"], Optional[object]]] = None
 
     def describe(self) -> str:
         return self.label or f"rank {self.rank} on {self.hostname}"
@@ -142,10 +147,13 @@ class WorkerGroup:
         """Starts every worker; on an error returns (message, exit code 127 or 126)."""
         for spec in self._specs.values():
             try:
-                proc = subprocess.Popen(
-                    list(spec.argv), env=dict(spec.env), cwd=spec.cwd,
-                    stdin=subprocess.PIPE if spec.stdin_data is not None else subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                proc = spec.starter(spec) if spec.starter is not None else None
+                if proc is None:
+                    proc = subprocess.Popen(
+                        list(spec.argv), env=dict(spec.env), cwd=spec.cwd,
+                        stdin=(subprocess.PIPE if spec.stdin_data is not None
+                               else subprocess.DEVNULL),
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
             except OSError as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 return f"cannot start {spec.describe()}: {exc}", code

@@ -24,6 +24,7 @@ Spark Connect client (Databricks notebooks, ``SparkSession.builder.remote(...)``
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 import sys
@@ -123,6 +124,25 @@ def _launcher_name(use_mpi: Optional[bool], use_gloo: Optional[bool], extra_mpi_
         spark_mpi_args(extra_mpi_args)  # refuses bad flags before anything starts
         return "mpi"
     return select_launcher(use_mpi, use_gloo, extra_mpi_args).name
+
+
+# What the caller having imported a framework says its workers will import (auto).
+_WARM_STACKS = (("torch", ("torch", "spark_dl.torch")),
+                ("lightning", ("lightning.pytorch", "spark_dl.lightning")),
+                ("pytorch_lightning", ("pytorch_lightning", "spark_dl.lightning")))
+
+
+def warm_worker_env(env: Optional[Mapping[str, str]]) -> dict:
+    """The job's ``env`` with ``SDL_SPARK_WARM_MODULES`` resolved from ``auto`` by this
+    process's imports; the warm-worker knobs are checked here, before any Spark job."""
+    env = {str(k): str(v) for k, v in (env or {}).items()}
+    seen = {**os.environ, **env}
+    knobs.value("spark_warm_workers", seen)
+    knobs.value("spark_warm_idle_s", seen)
+    if knobs.value("spark_warm_modules", seen) == "auto":
+        modules = [m for top, stack in _WARM_STACKS if top in sys.modules for m in stack]
+        env["SDL_SPARK_WARM_MODULES"] = ",".join(dict.fromkeys(modules))
+    return env
 
 
 def _default_num_proc(spark, sc) -> int:
@@ -305,6 +325,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
     if num_proc < 1:
         raise ValueError(f"num_proc must be at least 1, got {num_proc}")
     timeout = _start_timeout(start_timeout)
+    env = warm_worker_env(env)
     check_slots(spark, num_proc, wait_s=timeout)
     phases.mark("checked")
     # Executors whose Python lacks spark_dl: one clear error now, not a page of traces
@@ -329,7 +350,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         # address through the link; elsewhere through the barrier's allGather.
         exchange = "link" if caller and (sc is not None or runs_here(spark)) else "gather"
         settings = JobSettings(job_id, secret, num_proc, code, pickling.describe(), timeout,
-                               dict(env or {}), verbose, list(nics or []) or None,
+                               env, verbose, list(nics or []) or None,
                                prefix_output_with_timestamp, KILL_GRACE_S, launcher,
                                extra_mpi_args, local, caller, output_spool, exchange)
         main = BarrierMain(settings)

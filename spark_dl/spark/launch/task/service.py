@@ -44,7 +44,9 @@ import sys
 import threading
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
+from spark_dl.config import knobs
 from spark_dl.rendezvous.secret import secret_to_hex
+from spark_dl.runner.forkserver import ForkServerError, shared_server
 from spark_dl.runner.workers import Stopper, WorkerGroup, WorkerSpec
 from spark_dl.spark.launch.handover import HANDOVER_VAR, SecretHandover
 from spark_dl.spark.launch.service import Endpoint, ServiceClient, ServiceServer
@@ -63,10 +65,20 @@ MAX_OUTPUT_WAIT_S = 5.0
 AGENT_FETCH_S = 3.0
 
 
+WORKER_MODULE = "spark_dl.spark.launch.task.worker"
+
+
 def worker_command(job_id: str, rank: int) -> List[str]:
     """The bootstrap's argv: this interpreter; job id and rank, no secret."""
-    return [sys.executable, "-m", "spark_dl.spark.launch.task.worker", "--job", job_id,
-            "--rank", str(rank)]
+    return [sys.executable, "-m", WORKER_MODULE, "--job", job_id, "--rank", str(rank)]
+
+
+def warm_modules(env: Mapping[str, str]) -> List[str]:
+    """What a fork server for a worker with ``env`` preloads: the bootstrap's own imports,
+    then ``SDL_SPARK_WARM_MODULES`` (which the caller resolved from ``auto``)."""
+    listed = knobs.value("spark_warm_modules", env)
+    extra = [] if listed == "auto" else [m.strip() for m in listed.split(",") if m.strip()]
+    return list(dict.fromkeys([WORKER_MODULE] + extra))
 
 
 class TaskService:
@@ -96,6 +108,7 @@ class TaskService:
         self._kill_grace = kill_grace
         self._prefix_timestamp = prefix_timestamp
         self._verbose = verbose
+        self._log = log
         self._lock = threading.Lock()
         self._stopper = Stopper()
         self._role: Optional[str] = None  # "worker", "daemon" or "attached"
@@ -138,10 +151,26 @@ class TaskService:
         argv = list(command) if command else worker_command(self._job_id, rank)
         spec = WorkerSpec(rank, socket.gethostname(), argv, child_environment(env, self._gpus),
                           stdin_data=(secret_to_hex(self._secret) + "\n").encode(),
-                          cwd=os.getcwd())
+                          cwd=os.getcwd(), starter=None if command else self._warm_start)
         self._thread = threading.Thread(target=self._supervise, args=(spec,), daemon=True,
                                         name=f"sdl-task-{self._index}-worker")
         self._thread.start()
+
+    def _warm_start(self, spec: WorkerSpec):
+        """Forks the worker from this process's fork server (started on the first job, or
+        again when the job's modules or environment differ); None: start it the ordinary
+        way (turned off, or the server failed: the reason goes to the verbose log)."""
+        try:
+            if not knobs.value("spark_warm_workers", spec.env):
+                return None
+            server, _ = shared_server(spec.env, warm_modules(spec.env),
+                                      knobs.value("spark_warm_idle_s", spec.env))
+            return server.spawn(spec.argv, spec.env, spec.cwd, spec.stdin_data is not None)
+        except (ForkServerError, OSError, ValueError) as exc:
+            if self._log is not None:
+                self._log(f"task {self._index}: starting the worker without a fork server: "
+                          f"{exc}")
+            return None
 
     def _supervise(self, spec: WorkerSpec) -> None:
         # Output has a connection of its own, so that a large batch never delays the
