@@ -229,3 +229,10 @@ def check_two_ranks_one_host(results, out, err, total, tag):
         assert f"[{rank}]<stdout>:hello from rank {rank}\n" in out
         if err is not None:
             assert f"[{rank}]<stderr>:note from rank {rank}\n" in err
+
+
+def warm_probe():
+    """Where the worker came from: its parent (a fork server, or the task's Python) and
+    whether the server's preload (colorsys) was there before the function ran."""
+    return {"parent": os.getppid(), "preloaded": "colorsys" in sys.modules,
+            "session_leader": os.getsid(0) == os.getpid()}

@@ -11,7 +11,7 @@ pytest.importorskip("pyspark")
 from spark_dl.spark import run  # noqa: E402
 from spark_dl.spark.launch.errors import NotEnoughSlotsError, WorkerFailedError  # noqa: E402
 from test_run_cases import (raise_on_rank_1, sigkill_rank_1, spark_session,  # noqa: E402
-                            stall_rank_1, topology, worker_processes)
+                            stall_rank_1, topology, warm_probe, worker_processes)
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(120)]
 
@@ -94,3 +94,24 @@ def test_ranks_allreduce_output_and_results_by_rank(spark):
     for rank in (0, 1):
         assert f"[{rank}]<stdout>:hello from rank {rank}\n" in out.getvalue()
         assert f"[{rank}]<stderr>:note from rank {rank}\n" in err.getvalue()
+
+
+def test_workers_fork_from_a_warm_server_that_later_jobs_reuse(spark):
+    import os
+
+    env = {"SDL_SPARK_WARM_MODULES": "colorsys"}
+    first = run(warm_probe, env=env)
+    second = run(warm_probe, env=env)
+    for r in first + second:
+        assert r["preloaded"] and r["session_leader"]
+        assert r["parent"] != os.getpid()
+    # Spark reuses its Python workers, and with them their fork servers.
+    assert {r["parent"] for r in second} <= {r["parent"] for r in first}
+    cold = run(warm_probe, env=dict(env, SDL_SPARK_WARM_WORKERS="0"))
+    assert not any(r["preloaded"] for r in cold)
+    assert not {r["parent"] for r in cold} & {r["parent"] for r in first}
+
+
+def test_a_bad_warm_worker_setting_fails_before_any_job(spark):
+    with pytest.raises(ValueError, match="SDL_SPARK_WARM_WORKERS=sometimes: expected a boolean"):
+        run(warm_probe, env={"SDL_SPARK_WARM_WORKERS": "sometimes"})
