@@ -44,6 +44,9 @@ def main():
     parser.add_argument("--timings", action="store_true",
                         help="print the fit's start-up phases as one JSON line "
                              "(benchmarks/demo.py reads it)")
+    parser.add_argument("--fits", type=int, default=1,
+                        help="fit this many times in the application (a later fit starts "
+                             "from warm executors and workers)")
     args = parser.parse_args()
 
     builder = SparkSession.builder.appName("spark_dl TorchEstimator demo") \
@@ -70,14 +73,15 @@ def main():
             loss=torch.nn.functional.mse_loss, metrics=[mae],
             feature_cols=["features"], label_cols=["label"],
             batch_size=64, epochs=args.epochs, validation=0.2)
-        start = time.time()
-        torch_model = estimator.fit(df)          # store=None: a temporary LocalStore
-        history = torch_model.getHistory()
-        if args.timings:
-            print("timings: " + json.dumps({k: v for k, v in torch_model.timings.items()
-                                            if k != "epoch_s"}))
-        print(f"fit: {time.time() - start:.1f}s, val_loss {history['val_loss'][0]:.3f} -> "
-              f"{history['val_loss'][-1]:.3f}")
+        for _ in range(max(args.fits, 1)):
+            start = time.time()
+            torch_model = estimator.fit(df)          # store=None: a temporary LocalStore
+            history = torch_model.getHistory()
+            if args.timings:
+                print("timings: " + json.dumps({k: v for k, v in torch_model.timings.items()
+                                                if k != "epoch_s"}))
+            print(f"fit: {time.time() - start:.1f}s, val_loss {history['val_loss'][0]:.3f} "
+                  f"-> {history['val_loss'][-1]:.3f}")
 
         rows = torch_model.transform(df).toPandas()   # adds "label__output"
         print(rows.head(8).to_string(max_colwidth=40))

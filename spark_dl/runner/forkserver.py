@@ -56,6 +56,9 @@ _PER_JOB_PREFIXES = ("SDL_", "HOROVOD_")
 # otherwise overlaps with its own start-up.
 LATE_IMPORTS = {"torch": ("torch._dynamo",)}
 _HEADER = struct.Struct("!I")
+# Bytes the server's command line reserves, so that a forked worker can show its own
+# (``ps``, /proc/PID/cmdline: what operators and the launcher's tests look for).
+_TITLE_ROOM = 256
 _MAX_MESSAGE = 64 << 20
 _START_TIMEOUT_S = 300.0  # the preload itself (torch on a loaded host: seconds)
 _SPAWN_TIMEOUT_S = 30.0
@@ -164,7 +167,7 @@ class ForkServer:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "spark_dl.runner.forkserver", str(theirs.fileno()),
-                 repr(float(idle_s)), ",".join(self.modules)],
+                 repr(float(idle_s)), ",".join(self.modules), " " * _TITLE_ROOM],
                 env=dict(env), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, start_new_session=True)
         finally:
@@ -433,6 +436,7 @@ def _child(request: dict, fds: List[int], sock: socket.socket, wake: Tuple[int, 
         for fd in fds:
             if fd not in targets:
                 os.close(fd)
+        _show_command_line([sys.executable, "-m", request["module"]] + list(request["args"]))
         if request.get("cwd"):
             os.chdir(request["cwd"])
         os.environ.clear()
@@ -466,6 +470,24 @@ def _child(request: dict, fds: List[int], sock: socket.socket, wake: Tuple[int, 
             sys.stderr.flush()
         finally:
             os._exit(code & 0xFF)
+
+
+def _show_command_line(argv: List[str]) -> None:
+    """Writes ``argv`` over this process's original command line (the server's, inherited
+    through fork, with room reserved), so that ``ps`` and /proc/PID/cmdline show the
+    worker's command; Python keeps its own copy of the arguments, so nothing reads the old
+    bytes. Too long a command is cut; on any error the server's line stays."""
+    try:
+        import ctypes
+
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+        room = end - start
+        data = b"\0".join(a.encode() for a in argv)[:room - 1]
+        ctypes.memmove(start, data + b"\0" * (room - len(data)), room)
+    except Exception:
+        pass
 
 
 def main(argv: Optional[List[str]] = None) -> None:

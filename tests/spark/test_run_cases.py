@@ -128,6 +128,8 @@ def topology(tag, scale=1):
     print(f"hello from rank {rank}")
     print(f"note from rank {rank}", file=sys.stderr)
     task_pid = os.getppid()
+    if b"spark_dl.runner.forkserver" in _cmdline(task_pid):
+        task_pid = _parent(task_pid)  # forked by the task's warm server: the task is above
     job = _job_processes()
     return {
         "rank": rank, "size": sdl.size(), "local_rank": sdl.local_rank(),
@@ -141,6 +143,11 @@ def topology(tag, scale=1):
         "mpi": sdl.mpi_enabled(),
         "task_parent": _parent(task_pid),
     }
+
+
+def _cmdline(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
 
 
 def _parent(pid):

@@ -82,8 +82,11 @@ def test_exit_by_signal_and_without_stdin(server, env):
 def test_the_supervisor_signals_a_forked_worker_like_any_other(server, env, tmp_path):
     (tmp_path / "sdl_fs_sleep.py").write_text("import time\nprint('up', flush=True)\n"
                                                "time.sleep(60)\n")
-    proc = server.spawn([sys.executable, "-m", "sdl_fs_sleep"], env, None, False)
+    proc = server.spawn([sys.executable, "-m", "sdl_fs_sleep", "--job", "j1"], env, None, False)
     assert proc.stdout.readline() == b"up\n"
+    with open(f"/proc/{proc.pid}/cmdline", "rb") as f:  # ps shows the worker's command
+        assert f.read().rstrip(b"\0").split(b"\0") == [
+            sys.executable.encode(), b"-m", b"sdl_fs_sleep", b"--job", b"j1"]
     os.killpg(proc.pid, signal.SIGKILL)  # as WorkerGroup stops a worker
     assert proc.wait(30) == -signal.SIGKILL
 
