@@ -23,3 +23,7 @@ def tune(steps="80", tensors="24", elements="4096"):
     state = sdl.autotune_state()
     return {"state": state, "seen": seen, "counters": sdl.counters(),
             "transport": sdl.transport()}
+
+
+if __name__ == "__main__":  # under sdlrun (test_sdlrun_flags_reach_the_workers)
+    tune(steps="40")

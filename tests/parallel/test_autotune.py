@@ -5,10 +5,13 @@ Ranks are spawned under plain pytest (harness.py); every wait is bounded.
 """
 
 import csv
+import os
+import subprocess
+import sys
 
 import pytest
 
-from harness import run_once, run_ranks
+from harness import HERE, REPO, run_once, run_ranks
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -107,3 +110,21 @@ def test_without_autotune_nothing_is_tuned():
     for r in res:
         assert r["state"]["changes"] == [] and r["state"]["applied"]["serial"] == 0
         assert set(r["seen"]) == {0}
+
+
+def test_sdlrun_flags_reach_the_workers(tmp_path):
+    log = str(tmp_path / "sdlrun.csv")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")]))
+    for k in [k for k in env if "AUTOTUNE" in k]:
+        del env[k]
+    p = subprocess.run(
+        [sys.executable, "-m", "spark_dl.runner", "-np", "2", "--autotune", "--autotune-log-file",
+         log, "--autotune-warmup-samples", "0", "--autotune-steps-per-sample", "2",
+         "--autotune-bayes-opt-max-samples", "3", sys.executable,
+         os.path.join(HERE, "autotune_workers.py")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90)
+    out = p.stdout.decode(errors="replace")
+    assert p.returncode == 0, out
+    assert [r["sample"] for r in read_csv(log)] == ["0", "1", "2", "chosen"]
+    # Rank 0 says what it tunes, and that one host leaves hierarchical allreduce alone.
+    assert "hierarchical allreduce not tuned" in out and "autotune: chose" in out, out
