@@ -9,7 +9,7 @@ every step, then every handle waited on. Each round runs two 2-rank sdlrun jobs 
 memory), alternating (the order flips every round):
 
   defaults   the knobs' defaults, no autotune;
-  autotuned  SDL_AUTOTUNE=1 with its defaults (3 warm-up + 20 samples of 10 working
+  autotuned  SDL_AUTOTUNE=1 with its defaults (3 warm-up + 20 samples of 50 working
              cycles); the job steps until rank 0 reports tuning done (the ranks agree on
              that through a one-element allreduce every 10 steps), then times --steps
              steps with the chosen values.

@@ -50,7 +50,7 @@ TunedParams DecodeTuned(const uint64_t* words);
 
 struct AutotuneOptions {
   int warmup_samples = 3;
-  int steps_per_sample = 10;
+  int steps_per_sample = 50;
   int max_samples = 20;
   double noise = 0.8;
   std::string log_path;           // CSV; empty: none
