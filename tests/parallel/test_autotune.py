@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from harness import HERE, REPO, run_once, run_ranks
+from spark_dl.common.native import core as _core
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -103,6 +104,21 @@ def test_hierarchical_allreduce_is_tuned_across_hosts(tmp_path_factory):
     rows = read_csv(log)
     assert len(rows) == WARMUP + MAX + 1
     assert {r["hierarchical_allreduce"] for r in rows} <= {"0", "1"}
+
+
+@pytest.mark.parametrize("launcher", ["store", pytest.param("mpi", marks=pytest.mark.skipif(
+    not _core.build_info()["mpi"], reason="spark_dl built without MPI"))])
+def test_same_cycle_over_the_network_transports(launcher):
+    # SDL_SHM=0: the AND runs over Gloo (store) or MPI instead of shared memory.
+    env = {"SDL_AUTOTUNE": "1", "SDL_SHM": "0", "SDL_AUTOTUNE_WARMUP_SAMPLES": str(WARMUP),
+           "SDL_AUTOTUNE_STEPS_PER_SAMPLE": str(STEPS),
+           "SDL_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": str(MAX)}
+    res = run_ranks("autotune_workers:tune", 3, env=env, timeout=120, launcher=launcher,
+                    args=("40",))
+    assert {r["transport"] for r in res} == {"gloo" if launcher == "store" else "mpi"}
+    changes = [r["state"]["changes"] for r in res]
+    assert len(changes[0]) == 1 + WARMUP + MAX and changes[0][-1][1]["done"]
+    assert changes[1] == changes[0] and changes[2] == changes[0]
 
 
 def test_without_autotune_nothing_is_tuned():
