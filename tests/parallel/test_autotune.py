@@ -130,7 +130,8 @@ def test_without_autotune_nothing_is_tuned():
 
 def test_sdlrun_flags_reach_the_workers(tmp_path):
     log = str(tmp_path / "sdlrun.csv")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([REPO, HERE, os.environ.get("PYTHONPATH", "")]))
     for k in [k for k in env if "AUTOTUNE" in k]:
         del env[k]
     p = subprocess.run(

@@ -71,30 +71,28 @@ bool Controller::Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutd
   // a) tensors every member has ready in the cache run now, in slot order.
   RunCached(ps, bits, head, threshold);
   // b)-e) full negotiation through the coordinator.
-  if (flags & (kNeedFull | kCoordPending | kJoinedFlag)) Negotiate(ps, cfg, tuned ? threshold : cfg.fusion_threshold);
+  if (flags & (kNeedFull | kCoordPending | kJoinedFlag))
+    Negotiate(ps, cfg, tuned ? threshold : cfg.fusion_threshold);
 
   if (world) Apply(DecodeTuned(&bits[2]));
   return false;
 }
 
 void Controller::Apply(const TunedParams& next) {
-  world_cycles_++;
-  const bool changed = !(next == applied_);
+  const int64_t cycle = world_cycles_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (next == applied_) return;  // the usual case: no lock, nothing recorded
   applied_ = next;
-  if (changed)
-    tuned_cycle_ms_.store(next.serial != 0 ? next.cycle_time_ms : -1.0, std::memory_order_relaxed);
+  tuned_cycle_ms_.store(next.serial != 0 ? next.cycle_time_ms : -1.0, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lk(history_mu_);
-  world_cycles_copy_ = world_cycles_;
-  if (!changed) return;
   applied_copy_ = next;
-  // In force from world cycle number world_cycles_ (0-based) on; bounded:
-  // rank 0 changes the params once per sample, and never after it is done.
-  changes_.emplace_back(world_cycles_, next);
+  // In force from world cycle number `cycle` (0-based) on; bounded: rank 0
+  // changes the params once per sample, and never after it is done.
+  changes_.emplace_back(cycle, next);
 }
 
 Controller::TunedHistory Controller::tuned_history() {
   std::lock_guard<std::mutex> lk(history_mu_);
-  return TunedHistory{applied_copy_, world_cycles_copy_, changes_};
+  return TunedHistory{applied_copy_, world_cycles_.load(std::memory_order_relaxed), changes_};
 }
 
 void Controller::RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, size_t head,

@@ -105,10 +105,9 @@ class Controller {
   std::vector<std::string> hosts_;
   TunedParams proposal_, applied_;
   std::atomic<double> tuned_cycle_ms_{-1.0};
-  int64_t world_cycles_ = 0;
+  std::atomic<int64_t> world_cycles_{0};  // world cycles run (read by tuned_history())
   std::mutex history_mu_;  // guards the copies tuned_history() reads
   TunedParams applied_copy_;
-  int64_t world_cycles_copy_ = 0;
   std::vector<std::pair<int64_t, TunedParams>> changes_;
 };
 
