@@ -19,7 +19,7 @@ __all__ = [
     "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "gloo_built",
     "gloo_enabled", "mpi_built", "mpi_enabled", "nccl_built", "cuda_built", "rocm_built",
     "ddl_built", "ccl_built", "counters", "set_knob", "transport", "start_timeline",
-    "stop_timeline", "flight_recorder",
+    "stop_timeline", "flight_recorder", "autotune_state",
 ]
 
 _TOPOLOGY_VARS = {
@@ -329,6 +329,29 @@ def flight_recorder():
         rec["wall_time_base"] = base
         out.append(rec)
     return out
+
+
+_TUNED_KEYS = ("serial", "fusion_threshold", "cycle_time_ms", "response_cache",
+               "hierarchical_allreduce", "hierarchical_tuned", "done")
+
+
+def autotune_state():
+    """Autotune's parameters on this rank (docs/observability.md, section Autotune).
+
+    A dict: ``applied`` (the values in force: serial, fusion_threshold,
+    cycle_time_ms, response_cache, hierarchical_allreduce, hierarchical_tuned,
+    done; serial 0 when autotune is off), ``world_cycles`` (negotiation cycles
+    of the global process set so far) and ``changes``: every change of the
+    applied values as ``(cycle, values)``, cycle being the first world cycle
+    (0-based) that ran with them. Every rank switches in the same cycle, so
+    ``changes`` is the same list on every rank.
+    """
+    try:
+        applied, cycles, changes = _core.autotune_state()
+    except _core.CoreError as e:
+        raise_from_core(e)
+    return {"applied": dict(zip(_TUNED_KEYS, applied)), "world_cycles": cycles,
+            "changes": [(c, dict(zip(_TUNED_KEYS, p))) for c, p in changes]}
 
 
 def counters():

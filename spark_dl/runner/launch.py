@@ -229,6 +229,18 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeline-mark-cycles", action="store_true",
                         help="the timeline also marks every negotiation cycle "
                              "(SDL_TIMELINE_MARK_CYCLES)")
+    parser.add_argument("--autotune", action="store_true",
+                        help="rank 0 tunes fusion threshold, cycle time, response cache and "
+                             "(several hosts) hierarchical allreduce while training "
+                             "(SDL_AUTOTUNE; docs/observability.md)")
+    parser.add_argument("--autotune-log-file", metavar="PATH",
+                        help="rank 0 writes autotune's samples to this CSV (SDL_AUTOTUNE_LOG)")
+    for flag, knob in (("--autotune-warmup-samples", "SDL_AUTOTUNE_WARMUP_SAMPLES"),
+                       ("--autotune-steps-per-sample", "SDL_AUTOTUNE_STEPS_PER_SAMPLE"),
+                       ("--autotune-bayes-opt-max-samples", "SDL_AUTOTUNE_BAYES_OPT_MAX_SAMPLES")):
+        parser.add_argument(flag, type=int, metavar="N", help=f"sets {knob}")
+    parser.add_argument("--autotune-gaussian-process-noise", type=float, metavar="X",
+                        help="sets SDL_AUTOTUNE_GAUSSIAN_PROCESS_NOISE")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="program and arguments")
     return parser
 
@@ -255,6 +267,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         env["SDL_TIMELINE"] = args.timeline_filename
     if args.timeline_mark_cycles:
         env["SDL_TIMELINE_MARK_CYCLES"] = "1"
+    if args.autotune:
+        env["SDL_AUTOTUNE"] = "1"
+    for value, knob in ((args.autotune_log_file, "SDL_AUTOTUNE_LOG"),
+                        (args.autotune_warmup_samples, "SDL_AUTOTUNE_WARMUP_SAMPLES"),
+                        (args.autotune_steps_per_sample, "SDL_AUTOTUNE_STEPS_PER_SAMPLE"),
+                        (args.autotune_bayes_opt_max_samples, "SDL_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"),
+                        (args.autotune_gaussian_process_noise,
+                         "SDL_AUTOTUNE_GAUSSIAN_PROCESS_NOISE")):
+        if value is not None:
+            env[knob] = str(value)
     try:
         return run_command(command, args.np, hosts=args.hosts, hostfile=args.hostfile,
                            env=env or None, **options)

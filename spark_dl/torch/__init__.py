@@ -17,7 +17,7 @@ nothing here is compiled against PyTorch: any PyTorch 2.x works as installed.
 See docs/torch.md for what differs from Horovod.
 """
 
-from spark_dl.common.basics import flight_recorder  # noqa: F401
+from spark_dl.common.basics import autotune_state, flight_recorder  # noqa: F401
 from spark_dl.common.exceptions import (  # noqa: F401
     DuplicateNameError, HorovodInternalError, InvalidArgumentError, MismatchError,
     NotInitializedError, OpTimeoutError, PeerFailureError, SdlError, ShutdownError)
@@ -34,5 +34,5 @@ __all__ = list(_ops_all) + [
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SdlError",
     "HorovodInternalError", "PeerFailureError", "MismatchError", "DuplicateNameError",
     "InvalidArgumentError", "NotInitializedError", "OpTimeoutError", "ShutdownError",
-    "flight_recorder",
+    "flight_recorder", "autotune_state",
 ]

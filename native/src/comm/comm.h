@@ -52,6 +52,10 @@ class Comm {
   // matrix[src * size + dst]: bytes src sends to dst. in holds this rank's
   // pieces in dst order, out receives pieces in src order.
   virtual void Alltoallv(const void* in, void* out, const std::vector<size_t>& matrix) = 0;
+  // Autotune: switches a hierarchical transport's allreduce between its
+  // hierarchical and its flat path (every member switches in the same cycle).
+  // Others ignore it.
+  virtual void SetHierarchical(bool on) {}
   virtual void Barrier() = 0;
   // The negotiation cycle's agreement: bits (words words) becomes the AND of
   // every member's bits. Every member calls it once per cycle with the same

@@ -27,12 +27,17 @@ class HierarchicalComm : public Comm {
   int size() const override { return flat_->size(); }
   const char* kind() const override { return "hierarchical"; }
 
+  // Off (autotune): allreduce over the flat communicator, like a flat set.
+  void SetHierarchical(bool on) override { hierarchical_ = on; }
+
   void Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) override {
+    if (!hierarchical_) return flat_->Allreduce(buf, count, dt, op);
     local_->Allreduce(buf, count, dt, op);
     if (cross_) cross_->Allreduce(buf, count, dt, op);
     local_->Broadcast(buf, count * DataTypeSize(dt), 0);
   }
   void AllreduceInto(const void* in, void* out, size_t count, DataType dt, ReduceOp op) override {
+    if (!hierarchical_) return flat_->AllreduceInto(in, out, count, dt, op);
     local_->AllreduceInto(in, out, count, dt, op);
     if (cross_) cross_->Allreduce(out, count, dt, op);
     local_->Broadcast(out, count * DataTypeSize(dt), 0);
@@ -59,6 +64,7 @@ class HierarchicalComm : public Comm {
 
  private:
   std::unique_ptr<Comm> local_, cross_, flat_;
+  bool hierarchical_ = true;  // cycle thread only
 };
 
 }  // namespace sdl

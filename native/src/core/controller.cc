@@ -23,15 +23,24 @@ double SteadySeconds() {
 }  // namespace
 
 bool Controller::Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutdown_requested) {
+  // This cycle's tuned params: agreed in the previous world cycle, so the same
+  // on every member before any bit below is set (core/autotune.h).
+  const TunedParams cur = applied_;
+  const bool tuned = cur.serial != 0;
+  if (tuned && cur.tune_hierarchical) ps.comm->SetHierarchical(cur.hierarchical);
+  // Cache off: no slot bits, every request goes through full negotiation; the
+  // cache itself keeps being updated by execution, identically everywhere.
+  const bool use_cache = !tuned || cur.response_cache;
   const size_t cap = ps.cache.capacity();
-  const size_t words = 2 + (cap + 63) / 64;
+  const size_t head = world ? 2 + kTunedWords : 2;
+  const size_t words = head + (cap + 63) / 64;
   std::vector<uint64_t> bits(words, 0);
   uint64_t flags = 0;
   const double now = SteadySeconds();
   for (auto& [name, e] : ps.pending) {
     if (e.sent) continue;
-    int slot = ps.cache.Lookup(e.req);
-    if (slot >= 0 && now - e.since < kCachedWaitS) bits[2 + slot / 64] |= uint64_t{1} << (slot % 64);
+    int slot = use_cache ? ps.cache.Lookup(e.req) : -1;
+    if (slot >= 0 && now - e.since < kCachedWaitS) bits[head + slot / 64] |= uint64_t{1} << (slot % 64);
     else flags |= kNeedFull;
   }
   if (world && shutdown_requested) flags |= kShutdownFlag;
@@ -39,9 +48,15 @@ bool Controller::Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutd
   if (ps.joined) flags |= kJoinedFlag;
   bits[0] = ~flags;
   bits[1] = static_cast<uint64_t>(std::max<int64_t>(cfg.fusion_threshold, 0));
+  // Rank 0's proposal; all-ones elsewhere, so the AND is rank 0's words.
+  if (world) {
+    if (ps.my_rank == 0) EncodeTuned(proposal_, &bits[2]);
+    else std::fill(bits.begin() + 2, bits.begin() + head, ~uint64_t{0});
+  }
   ps.comm->AgreeBits(bits.data(), words);
   flags = ~bits[0];
-  const int64_t threshold = static_cast<int64_t>(bits[1]);  // identical on every member
+  // Identical on every member: the AND of every member's knob, or the tuned value.
+  const int64_t threshold = tuned ? cur.fusion_threshold : static_cast<int64_t>(bits[1]);
   counters_.cycles++;
   if (flags & kShutdownFlag) {
     // Only now, once: who asked to stop, so that errors on the others can name them.
@@ -54,18 +69,38 @@ bool Controller::Cycle(ProcessSet& ps, const Config& cfg, bool world, bool shutd
   }
 
   // a) tensors every member has ready in the cache run now, in slot order.
-  RunCached(ps, bits, threshold);
+  RunCached(ps, bits, head, threshold);
   // b)-e) full negotiation through the coordinator.
-  if (flags & (kNeedFull | kCoordPending | kJoinedFlag)) Negotiate(ps, cfg);
+  if (flags & (kNeedFull | kCoordPending | kJoinedFlag))
+    Negotiate(ps, cfg, tuned ? threshold : cfg.fusion_threshold);
 
+  if (world) Apply(DecodeTuned(&bits[2]));
   return false;
 }
 
-void Controller::RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, int64_t threshold) {
+void Controller::Apply(const TunedParams& next) {
+  const int64_t cycle = world_cycles_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (next == applied_) return;  // the usual case: no lock, nothing recorded
+  applied_ = next;
+  tuned_cycle_ms_.store(next.serial != 0 ? next.cycle_time_ms : -1.0, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lk(history_mu_);
+  applied_copy_ = next;
+  // In force from world cycle number `cycle` (0-based) on; bounded: rank 0
+  // changes the params once per sample, and never after it is done.
+  changes_.emplace_back(cycle, next);
+}
+
+Controller::TunedHistory Controller::tuned_history() {
+  std::lock_guard<std::mutex> lk(history_mu_);
+  return TunedHistory{applied_copy_, world_cycles_.load(std::memory_order_relaxed), changes_};
+}
+
+void Controller::RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, size_t head,
+                           int64_t threshold) {
   std::vector<int> slots;
-  for (size_t w = 2; w < bits.size(); ++w)
+  for (size_t w = head; w < bits.size(); ++w)
     for (uint64_t b = bits[w]; b; b &= b - 1)
-      slots.push_back(static_cast<int>((w - 2) * 64 + __builtin_ctzll(b)));
+      slots.push_back(static_cast<int>((w - head) * 64 + __builtin_ctzll(b)));
   if (slots.empty()) return;
   // Hits per group: a cycle holds few groups, so a scan, not a key per member.
   std::vector<std::pair<const std::string*, int>> group_hits;
@@ -94,7 +129,8 @@ void Controller::RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, in
   }
 }
 
-void Controller::Negotiate(ProcessSet& ps, const Config& cfg) {
+// threshold: what the coordinator fuses up to (its own knob unless tuned).
+void Controller::Negotiate(ProcessSet& ps, const Config& cfg, int64_t threshold) {
   counters_.full_negotiations++;
   // Unsent requests, in the order this rank took them in.
   std::vector<Entry*> unsent;
@@ -126,7 +162,7 @@ void Controller::Negotiate(ProcessSet& ps, const Config& cfg) {
     }
     stall.hosts = &hosts_;
     std::vector<Response> ready =
-        CoordinatorReady(ps, cfg.fusion_threshold, stall, cfg.timeout_s, &warnings);
+        CoordinatorReady(ps, threshold, stall, cfg.timeout_s, &warnings);
     for (const std::string& w : warnings) log_(0, "warning: " + w);
     if (cfg.verbose >= 2) {
       for (const Response& r : ready)

@@ -20,6 +20,9 @@
 //     allreduces are fused up to the fusion threshold (core/coordinator.h);
 //  e) the coordinator broadcasts the response list and every member executes it
 //     in order, so collectives run in the same order everywhere.
+// The world set's AND also carries the autotuned parameters (core/autotune.h):
+// rank 0's proposal, all-ones from the others, in force on every rank from
+// the next cycle on (applied()); other sets use the same applied values.
 // When the AND shows that some member asked to stop, the members exchange who
 // did (one allgather, only then) and the cycle reports the stop; the controller
 // keeps those ranks so that errors on the other ranks can name them.
@@ -29,12 +32,15 @@
 // the executor runs the responses.
 #pragma once
 
+#include <atomic>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/config.h"
 #include "common/message.h"
+#include "core/autotune.h"
 #include "core/counters.h"
 #include "core/process_set.h"
 #include "core/timeline.h"
@@ -65,9 +71,30 @@ class Controller {
   // Rank 0's timeline: readiness ticks and ready responses (core/timeline.h).
   void set_timeline(Timeline* t) { timeline_ = t; }
 
+  // Autotune (core/autotune.h). set_proposal: what this rank sends as rank 0
+  // of the world set (ignored on the others; serial 0: not tuning). applied():
+  // the params in force for the next cycle, identical on every rank (serial 0:
+  // each rank's own knobs). Cycle thread only, except the copies below.
+  void set_proposal(const TunedParams& p) { proposal_ = p; }
+  const TunedParams& applied() const { return applied_; }
+  // The cycle time in force (ms), or fallback when not tuning; any thread.
+  double cycle_time_ms(double fallback) const {
+    const double v = tuned_cycle_ms_.load(std::memory_order_relaxed);
+    return v >= 0 ? v : fallback;
+  }
+  // Any thread: the applied params, world cycles run so far, and every change
+  // of applied params with the world cycle from which it was in force.
+  struct TunedHistory {
+    TunedParams applied;
+    int64_t world_cycles = 0;
+    std::vector<std::pair<int64_t, TunedParams>> changes;
+  };
+  TunedHistory tuned_history();
+
  private:
-  void RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, int64_t threshold);
-  void Negotiate(ProcessSet& ps, const Config& cfg);
+  void RunCached(ProcessSet& ps, const std::vector<uint64_t>& bits, size_t head, int64_t threshold);
+  void Negotiate(ProcessSet& ps, const Config& cfg, int64_t threshold);
+  void Apply(const TunedParams& next);
   void TimelineReady(ProcessSet& ps, const std::vector<Response>& responses, bool cached);
 
   Counters& counters_;
@@ -76,6 +103,12 @@ class Controller {
   std::vector<int32_t> stopping_ranks_;
   Timeline* timeline_ = nullptr;
   std::vector<std::string> hosts_;
+  TunedParams proposal_, applied_;
+  std::atomic<double> tuned_cycle_ms_{-1.0};
+  std::atomic<int64_t> world_cycles_{0};  // world cycles run (read by tuned_history())
+  std::mutex history_mu_;  // guards the copies tuned_history() reads
+  TunedParams applied_copy_;
+  std::vector<std::pair<int64_t, TunedParams>> changes_;
 };
 
 }  // namespace sdl

@@ -77,6 +77,7 @@ void Runtime::WakeBackground(bool notify) {
 
 bool Runtime::WaitForWork(bool busy, bool everywhere) {
   Config cfg = config();
+  cfg.cycle_time_ms = controller_.cycle_time_ms(cfg.cycle_time_ms);  // autotune's, when tuning
   // While tensors wait for slower ranks, cycle more often: their arrival is
   // only seen through negotiation. A rank with nothing to do that belongs to
   // every set sleeps longer: any operation, anywhere, needs its own enqueue
@@ -138,6 +139,11 @@ void Runtime::RunCycleLocked() {
       end_code_ = ErrorCode::kShutdown;
       end_message_ = kShutDownMessage;
       return;
+    }
+    if (tuner_) {
+      // Rank 0 scores the sample and picks what it proposes next cycle.
+      tuner_->AfterCycle(controller_.applied(), counters_.bytes.load(), SteadySeconds());
+      controller_.set_proposal(tuner_->proposal());
     }
     std::vector<std::shared_ptr<ProcessSet>> sets;
     {
@@ -245,7 +251,7 @@ bool Runtime::WaitRange(int64_t first, int64_t n, double timeout_s) {
       // both wait do not run empty cycles back to back and starve the cores.
       // The first cycle of a wait is never delayed.
       if (!progress && !ended) {
-        double pace_s = std::min(config().cycle_time_ms, 0.1) / 1000.0;
+        double pace_s = std::min(controller_.cycle_time_ms(config().cycle_time_ms), 0.1) / 1000.0;
         if (timeout_s >= 0) pace_s = std::min(pace_s, left_s());
         if (handles_.WaitRange(first, n, pace_s)) return true;
       }

@@ -111,6 +111,24 @@ Runtime::Runtime(RuntimeOptions opts)
     ops_.set_timeline(timeline_.get());
     if (!config_.timeline.empty()) timeline_->Start(config_.timeline, config_.timeline_mark_cycles);
   }
+  if (config_.autotune && t.rank == 0) {
+    AutotuneOptions a;
+    a.warmup_samples = static_cast<int>(config_.autotune_warmup_samples);
+    a.steps_per_sample = static_cast<int>(config_.autotune_steps_per_sample);
+    a.max_samples = static_cast<int>(config_.autotune_bayes_opt_max_samples);
+    a.noise = config_.autotune_gaussian_process_noise;
+    a.log_path = config_.autotune_log;
+    a.tune_cache = config_.cache_capacity > 0;
+    // Decided from the global host map: a world set whose transport is
+    // hierarchical (several hosts, some holding several ranks).
+    a.tune_hierarchical = TransportOf(0) == "hierarchical";
+    a.start.fusion_threshold = config_.fusion_threshold;
+    a.start.cycle_time_ms = config_.cycle_time_ms;
+    a.start.response_cache = true;
+    a.start.hierarchical = true;  // the hierarchical transport's own path
+    tuner_ = std::make_unique<Autotuner>(a, [this](int level, const std::string& msg) { Log(level, msg); });
+    controller_.set_proposal(tuner_->proposal());
+  }
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "sdl_background");  // named in top, perf, gdb
     Loop();

@@ -27,6 +27,7 @@
 
 #include "common/config.h"
 #include "common/message.h"
+#include "core/autotune.h"
 #include "core/controller.h"
 #include "core/counters.h"
 #include "core/flight_recorder.h"
@@ -142,6 +143,8 @@ class Runtime {
   void StopTimeline();
   Timeline* timeline() { return timeline_.get(); }
   const FlightRecorder& flight_recorder() const { return recorder_; }
+  // Autotune's parameters in force on this rank and their history (any thread).
+  Controller::TunedHistory autotune_state() { return controller_.tuned_history(); }
 
  private:
   std::shared_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
@@ -239,6 +242,7 @@ class Runtime {
   std::vector<int32_t> stopped_by_peers_;
   std::thread thread_;
   std::unique_ptr<Timeline> timeline_;  // rank 0 only
+  std::unique_ptr<Autotuner> tuner_;    // rank 0 with knob autotune; cycle side only
 };
 
 }  // namespace sdl

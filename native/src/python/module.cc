@@ -584,6 +584,18 @@ NB_MODULE(SDL_MODULE_NAME, m) {
     }
     return d;
   });
+  m.def("autotune_state", [] {
+    // (applied, world cycles, changes); spark_dl.common.basics.autotune_state() names the fields.
+    using Params = std::tuple<uint64_t, int64_t, double, bool, bool, bool, bool>;
+    auto row = [](const TunedParams& p) {
+      return Params(p.serial, p.fusion_threshold, p.cycle_time_ms, p.response_cache,
+                    p.hierarchical, p.tune_hierarchical, p.done);
+    };
+    Controller::TunedHistory h = Rt().autotune_state();
+    std::vector<std::pair<int64_t, Params>> changes;
+    for (auto& [cycle, p] : h.changes) changes.emplace_back(cycle, row(p));
+    return std::make_tuple(row(h.applied), h.world_cycles, changes);
+  });
   m.def("flight_recorder", [] {
     // The records as tuples; spark_dl.common.basics.flight_recorder() names the fields.
     using Row = std::tuple<uint64_t, std::string, std::string, std::string, std::vector<int64_t>,
