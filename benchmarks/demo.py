@@ -4,6 +4,7 @@ session (quiet machine).
 
     .venv/bin/python benchmarks/demo.py               # 5 runs
     .venv/bin/python benchmarks/demo.py --runs 9 --json out.json
+    .venv/bin/python benchmarks/demo.py --runs 3 --cold   # alternated with cold workers
 
 Runs ``examples/spark/torch_estimator_demo.py --timings --fits 2`` ``--runs`` times, each
 in a fresh Python process and Spark application (as ``scripts/demo.sh`` does:
@@ -33,10 +34,11 @@ PHASES = [("data ready", "prepare_s"), ("job launched", "launch_s"),
           ("first step done", "first_step_s")]
 
 
-def one_run(fits: int) -> list:
+def one_run(fits: int, **variables) -> list:
     """One fresh application fitting ``fits`` times: the phases of each fit."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable,
-               SPARK_CONF_DIR=os.environ.get("SPARK_CONF_DIR", os.path.join(ROOT, "conf")))
+               SPARK_CONF_DIR=os.environ.get("SPARK_CONF_DIR", os.path.join(ROOT, "conf")),
+               **variables)
     out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "spark",
                                                        "torch_estimator_demo.py"), "--timings",
                           "--fits", str(fits)],
@@ -66,29 +68,42 @@ def table(runs: list, title: str) -> None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--cold", action="store_true",
+                        help="alternate each run with one without warm workers "
+                             "(SDL_SPARK_WARM_WORKERS=0), the peer of the second fit")
     parser.add_argument("--json", help="write the runs to this file")
     args = parser.parse_args()
-    firsts, seconds = [], []
+    kinds = [("warm", {})] + ([("cold", {"SDL_SPARK_WARM_WORKERS": "0"})] if args.cold else [])
+    results = {kind: ([], []) for kind, _ in kinds}
     for i in range(args.runs):
-        load = os.getloadavg()[0]
-        started = time.time()
-        first, second = one_run(2)
-        firsts.append(first)
-        seconds.append(second)
-        print(f"run {i + 1}: load {load:.2f}, first step after {first['first step done']:.1f}s "
-              f"(data ready after {first['data ready']:.1f}s), second fit's after "
-              f"{second['first step done']:.1f}s; {time.time() - started:.0f}s in all",
-              flush=True)
-    table(firsts, "First fit of a fresh application:")
-    table(seconds, "Second fit in the same application (warm executors and workers):")
+        for kind, variables in kinds:
+            load = os.getloadavg()[0]
+            started = time.time()
+            first, second = one_run(2, **variables)
+            results[kind][0].append(first)
+            results[kind][1].append(second)
+            print(f"run {i + 1} ({kind}): load {load:.2f}, first step after "
+                  f"{first['first step done']:.1f}s (data ready after "
+                  f"{first['data ready']:.1f}s), second fit's after "
+                  f"{second['first step done']:.1f}s; {time.time() - started:.0f}s in all",
+                  flush=True)
+    for kind, (firsts, seconds) in results.items():
+        suffix = "" if kind == "warm" else " (SDL_SPARK_WARM_WORKERS=0)"
+        table(firsts, f"First fit of a fresh application{suffix}:")
+        table(seconds, f"Second fit in the same application{suffix}:")
+    firsts, seconds = results["warm"]
     for label, runs, target in (("first fit", firsts, FIRST_TARGET_S),
                                 ("second fit", seconds, SECOND_TARGET_S)):
         median = statistics.median(r["first step done"] for r in runs)
         print(f"{label}: first training step median {median:.1f}s against the target of "
               f"{target:g}s: {'met' if median <= target else 'NOT met'}")
+    if "cold" in results:
+        cold = statistics.median(r["first step done"] for r in results["cold"][1])
+        warm = statistics.median(r["first step done"] for r in seconds)
+        print(f"second fit without warm workers: {cold:.1f}s ({cold / warm:.1f}x the warm one)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"first": firsts, "second": seconds}, f, indent=1)
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -51,10 +51,6 @@ REFUSED_MODULES = ("tensorflow", "keras", "tf_keras", "jax")
 # Variables that differ between jobs and that no module reads at import time: a server is
 # reused for any values of these.
 _PER_JOB_PREFIXES = ("SDL_", "HOROVOD_")
-# Imported by the server once its first job's workers have ended, for the workers of later
-# jobs: torch's first optimizer step imports torch._dynamo (seconds), which a worker
-# otherwise overlaps with its own start-up.
-LATE_IMPORTS = {"torch": ("torch._dynamo",)}
 _HEADER = struct.Struct("!I")
 # Bytes the server's command line reserves, so that a forked worker can show its own
 # (``ps``, /proc/PID/cmdline: what operators and the launcher's tests look for).
@@ -353,25 +349,17 @@ def close_shared() -> None:
 
 # --- the server process ----------------------------------------------------------------------
 
-def _serve(sock: socket.socket, idle_s: float, late: List[str]) -> None:
+def _serve(sock: socket.socket, idle_s: float) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children = set()
-    forked = False
     idle_since = time.monotonic()
     while True:
         timeout = None if children else max(0.0, idle_since + idle_s - time.monotonic())
-        if forked and late and not children:
-            timeout = 0.0
         readable, _, _ = select.select([sock, wake_r], [], [], timeout)
-        if not readable and forked and late and not children:
-            # Between jobs, so that the import never competes with a job's workers for
-            # the host's cores; a request meanwhile waits for this one module.
-            _import_quietly(late.pop(0))
-            continue
         if not readable and not children and time.monotonic() >= idle_since + idle_s:
             return
         if wake_r in readable:
@@ -401,18 +389,7 @@ def _serve(sock: socket.socket, idle_s: float, late: List[str]) -> None:
             for fd in fds:
                 os.close(fd)
             children.add(pid)
-            forked = True
             _send(sock, {"pid": pid})
-
-
-def _import_quietly(name: str) -> None:
-    """A late import: a failure only means the workers import it themselves."""
-    import importlib
-
-    try:
-        importlib.import_module(name)
-    except Exception:
-        pass
 
 
 def _child(request: dict, fds: List[int], sock: socket.socket, wake: Tuple[int, int]) -> None:
@@ -506,8 +483,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                               f"{type(exc).__name__}: {exc}"})
         return
     _send(sock, {"ready": True, "preload_s": time.monotonic() - started})
-    late = [m for name in modules for m in LATE_IMPORTS.get(name, ()) if m not in sys.modules]
-    _serve(sock, idle_s, late)
+    _serve(sock, idle_s)
 
 
 if __name__ == "__main__":

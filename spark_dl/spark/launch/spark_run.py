@@ -127,7 +127,9 @@ def _launcher_name(use_mpi: Optional[bool], use_gloo: Optional[bool], extra_mpi_
 
 
 # What the caller having imported a framework says its workers will import (auto).
-_WARM_STACKS = (("torch", ("torch", "spark_dl.torch")),
+# torch._dynamo: torch's first optimizer step imports it (seconds); a cold worker overlaps
+# that with its rendezvous, a warm one has it already.
+_WARM_STACKS = (("torch", ("torch", "torch._dynamo", "spark_dl.torch")),
                 ("lightning", ("lightning.pytorch", "spark_dl.lightning")),
                 ("pytorch_lightning", ("pytorch_lightning", "spark_dl.lightning")))
 
