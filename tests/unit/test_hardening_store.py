@@ -113,3 +113,27 @@ def test_estimator_workers_dump_the_flight_recorder_into_a_local_run(tmp_path, m
     monkeypatch.delenv("SDL_FLIGHT_RECORDER_DIR")
     _flight_recorder_in_run(None)  # spark.run has no run
     assert "SDL_FLIGHT_RECORDER_DIR" not in os.environ
+
+
+def test_flight_recorder_dumps_of_a_remote_store_are_staged_and_copied(tmp_path, monkeypatch):
+    """A Store whose paths are not local files: the core dumps into a local staging folder,
+    copied into the run's flight_recorder/ when training ends, the staging folder removed."""
+    import types
+
+    from spark_dl.spark.common.worker import _flight_recorder_in_run, _upload_flight_dumps
+
+    monkeypatch.delenv("SDL_FLIGHT_RECORDER_DIR", raising=False)
+    written = {}
+    store = types.SimpleNamespace(capabilities=types.SimpleNamespace(local_paths=False))
+    remote = types.SimpleNamespace(run_path="s3://bucket/runs/run1", store=store,
+                                   write=lambda path, data: written.__setitem__(path, data))
+    staging = _flight_recorder_in_run(remote)
+    assert staging and os.environ["SDL_FLIGHT_RECORDER_DIR"] == staging
+    with open(os.path.join(staging, "flight_recorder.rank1.json"), "w") as f:
+        f.write('{"rank": 1}')  # as the core writes it when the runtime fails
+    _upload_flight_dumps(remote, staging)
+    assert written == {"s3://bucket/runs/run1/flight_recorder/flight_recorder.rank1.json":
+                       b'{"rank": 1}'}
+    assert not os.path.exists(staging)
+    _upload_flight_dumps(remote, None)  # a local Store's run: nothing to copy
+

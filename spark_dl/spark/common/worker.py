@@ -144,15 +144,20 @@ def train(blob: bytes) -> dict:
     import spark_dl.numpy as sdl
 
     spec.adapter.before_init()  # e.g. start slow imports that overlap the rendezvous
-    _flight_recorder_in_run(spec.remote_store)
-    sdl.init()
-    t_init = time.time()
-    timeline = _start_timeline(spec, sdl)
+    staging = _flight_recorder_in_run(spec.remote_store)
+    try:
+        sdl.init()
+        t_init = time.time()
+        timeline = _start_timeline(spec, sdl)
+    except BaseException:
+        _upload_flight_dumps(spec.remote_store, staging)
+        raise
     try:
         worker = _Worker(spec, sdl)
         worker.timings.update(start=t_start, imported=t_imported, initialized=t_init)
         return worker.run()
     finally:
+        _upload_flight_dumps(spec.remote_store, staging)
         if timeline:
             try:
                 _upload_timeline(spec, sdl, timeline)
@@ -182,22 +187,43 @@ def _upload_timeline(spec: TrainSpec, sdl, local: str) -> None:
     shutil.rmtree(os.path.dirname(local), ignore_errors=True)
 
 
-def _flight_recorder_in_run(remote_store) -> None:
-    """Points the flight recorder's dumps (docs/observability.md) at the run's folder when
-    the Store's paths are local files, unless SDL_FLIGHT_RECORDER_DIR chose a folder. Other
-    Stores: the dumps reach the driver with the workers' output."""
+def _flight_recorder_in_run(remote_store) -> Optional[str]:
+    """Points the flight recorder's dumps (docs/observability.md) at the run's folder,
+    unless SDL_FLIGHT_RECORDER_DIR chose a folder: directly when the Store's paths are
+    local files; for other Stores at a local staging folder, returned, whose dumps
+    :func:`_upload_flight_dumps` copies into the run's folder when training ends."""
     run_path = getattr(remote_store, "run_path", None)
     if knobs.value("flight_recorder_dir") or run_path is None:
-        return
+        return None
     store = remote_store.store
-    if not store.capabilities.local_paths:
-        return
-    folder = os.path.join(store.get_fs_path(run_path), "flight_recorder")
+    staging = None
+    if store.capabilities.local_paths:
+        folder = os.path.join(store.get_fs_path(run_path), "flight_recorder")
+    else:
+        folder = staging = tempfile.mkdtemp(prefix="sdl-flight-recorder-")
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError:
-        return  # the dumps still go to the log
+        return None  # the dumps still go to the log
     os.environ["SDL_FLIGHT_RECORDER_DIR"] = folder
+    return staging
+
+
+def _upload_flight_dumps(remote_store, staging: Optional[str]) -> None:
+    """Copies the dumps the core wrote into ``staging`` (a failed run's) to
+    ``flight_recorder/`` in the run's folder of the Store; never raises (training's own
+    outcome or error is what the caller sees)."""
+    if not staging:
+        return
+    try:
+        for name in sorted(os.listdir(staging)):
+            with open(os.path.join(staging, name), "rb") as f:
+                remote_store.write(posixpath.join(remote_store.run_path, "flight_recorder",
+                                                  name), f.read())
+    except Exception as e:
+        print(f"warning: the flight recorder's dump could not be copied into the Store: {e}",
+              file=sys.stderr, flush=True)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 class _Worker:
