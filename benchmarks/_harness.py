@@ -493,3 +493,21 @@ def time_allreduce(backend, nbytes, iters, warmup, name):
         op(buf, name)
         samples.append(clock() - t0)
     return samples
+
+
+def fusion_step(sdl, tensors: int, elements: int):
+    """The fusion benchmark's step for an initialized ``sdl`` front end: ``tensors``
+    float32 tensors of ``elements`` each, submitted with ``allreduce_async_`` under the same
+    names every step, then every handle waited on (benchmarks/fusion.py's "fused" step)."""
+    import numpy as np
+
+    arrays = [np.ones(elements, np.float32) for _ in range(tensors)]
+    names = [f"grad.{i}" for i in range(tensors)]
+    submit, op = sdl.allreduce_async_, sdl.Sum
+
+    def step():
+        handles = [submit(t, op=op, name=n) for t, n in zip(arrays, names)]
+        for h in handles:
+            h.wait()
+    return step
+

@@ -20,24 +20,17 @@ import subprocess
 import sys
 import time
 
+import _harness as H
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "SDL_FR_BENCH "
 
 
 def worker(args):
-    import numpy as np
-
     import spark_dl.numpy as sdl
 
     sdl.init()
-    tensors = [np.ones(args.elements, np.float32) for _ in range(args.tensors)]
-    names = [f"grad.{i}" for i in range(args.tensors)]
-    submit, op = sdl.allreduce_async_, sdl.Sum
-
-    def step():
-        handles = [submit(t, op=op, name=n) for t, n in zip(tensors, names)]
-        for h in handles:
-            h.wait()
+    step = H.fusion_step(sdl, args.tensors, args.elements)
 
     for _ in range(args.warmup):
         step()
