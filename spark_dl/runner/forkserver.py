@@ -249,9 +249,12 @@ class ForkServer:
                 try:
                     _send(self._sock, {"module": argv[2], "args": argv[3:], "env": dict(env),
                                        "cwd": cwd, "stdin": stdin}, child_fds)
-                except OSError as exc:
-                    raise ForkServerError(f"the fork server is gone ({exc})") from None
-                reply = self._await_reply()
+                    reply = self._await_reply()
+                except (OSError, ForkServerError) as exc:
+                    # A half-sent request or a silent server: never use it again (the
+                    # next job starts a new one).
+                    self._closed = True
+                    raise ForkServerError(f"the fork server failed ({exc})") from None
         except BaseException:
             for fd in parent_fds:
                 if fd is not None:
