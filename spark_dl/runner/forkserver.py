@@ -163,7 +163,7 @@ class ForkServer:
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "spark_dl.runner.forkserver", str(theirs.fileno()),
-                 repr(float(idle_s)), ",".join(self.modules), " " * _TITLE_ROOM],
+                 repr(float(idle_s)), " " * _TITLE_ROOM],
                 env=dict(env), pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, start_new_session=True)
         finally:
@@ -177,6 +177,9 @@ class ForkServer:
         self._closed = False
         self._sock.settimeout(_START_TIMEOUT_S)
         try:
+            # The modules go over the socket, not on the command line: process listings
+            # that look for a module's name (the worker's) must not find the server.
+            _send(self._sock, {"modules": list(self.modules)})
             hello, _ = _recv(self._sock)
         except (OSError, EOFError, ValueError) as exc:
             self.close()
@@ -474,7 +477,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     sock = socket.socket(fileno=int(argv[0]))
     idle_s = float(argv[1])
-    modules = [m for m in argv[2].split(",") if m]
+    try:
+        modules = [str(m) for m in _recv(sock)[0]["modules"]]
+    except (EOFError, OSError, ValueError, KeyError, TypeError):
+        return  # the parent is gone or confused: nothing to serve
     started = time.monotonic()
     import importlib
 

@@ -61,6 +61,8 @@ def probe(server, env, stdin=b"", args=(), cwd=None, **variables):
 
 
 def test_a_forked_worker_gets_the_request_and_shares_the_preload(server, env, tmp_path):
+    with open(f"/proc/{server.pid}/cmdline", "rb") as f:  # the modules are not on it
+        assert b"colorsys" not in f.read()
     code, seen, err = probe(server, env, b"hello\n", ("a", "b"), str(tmp_path),
                             SDL_X="job 1", SDL_PROBE_STDIN="1", SDL_PROBE_CODE="3")
     assert code == 3 and err == b"on stderr\n"
