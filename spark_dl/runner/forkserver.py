@@ -106,9 +106,10 @@ def environment_key(env: Mapping[str, str]) -> Tuple[Tuple[str, str], ...]:
 
 
 class WarmProcess:
-    """A worker forked by the server, as :class:`subprocess.Popen` shows a child: ``pid``,
-    ``stdin``/``stdout``/``stderr`` (the parent's ends of its pipes, or None), ``wait()``,
-    ``poll()`` and ``returncode`` (negative: the signal that ended it)."""
+    """A worker forked by the server, as :class:`subprocess.Popen` shows a child to its
+    supervisor: ``pid`` (it leads its own process group, which the supervisor signals),
+    ``stdin``/``stdout``/``stderr`` (the parent's ends of its pipes, or None), ``wait()``
+    and ``returncode`` (negative: the signal that ended it)."""
 
     def __init__(self, pid: int, stdin, stdout, stderr):
         self.pid = pid
@@ -120,26 +121,10 @@ class WarmProcess:
         self.returncode = returncode
         self._ended.set()
 
-    def poll(self) -> Optional[int]:
-        return self.returncode
-
     def wait(self, timeout: Optional[float] = None) -> int:
         if not self._ended.wait(timeout):
             raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout)
         return self.returncode
-
-    def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
 
 class ForkServer:

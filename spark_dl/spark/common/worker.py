@@ -145,14 +145,11 @@ def train(blob: bytes) -> dict:
 
     spec.adapter.before_init()  # e.g. start slow imports that overlap the rendezvous
     staging = _flight_recorder_in_run(spec.remote_store)
+    timeline = None
     try:
         sdl.init()
         t_init = time.time()
         timeline = _start_timeline(spec, sdl)
-    except BaseException:
-        _upload_flight_dumps(spec.remote_store, staging)
-        raise
-    try:
         worker = _Worker(spec, sdl)
         worker.timings.update(start=t_start, imported=t_imported, initialized=t_init)
         return worker.run()
