@@ -10,6 +10,7 @@ import atexit
 import os
 import warnings
 
+from spark_dl.common import elastic
 from spark_dl.common.native import core as _core, mpi_missing_reason
 from spark_dl.common.exceptions import InvalidArgumentError, raise_from_core
 from spark_dl.config import knobs as knob_table
@@ -148,10 +149,13 @@ def init(comm=None, process_sets=None, **knobs):
     controller = _controller_knob(knobs)
     use_mpi = _use_mpi(comm, environ, controller)
     store = None
+    epoch = -1  # the core numbers successive init()s itself
     if use_mpi:
         topo = dict(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1)
     else:
         topo = _topology_from_env(environ)
+        if elastic.is_elastic(environ) and not is_initialized():
+            topo, epoch = _elastic_topology(environ)
         if topo["size"] > 1:
             from spark_dl.rendezvous.client import client_from_env
 
@@ -177,7 +181,7 @@ def init(comm=None, process_sets=None, **knobs):
         started = _core.init(topo["rank"], topo["size"], topo["local_rank"], topo["local_size"],
                              topo["cross_rank"], topo["cross_size"], hostname, store, sets,
                              {k: str(int(v) if isinstance(v, bool) else v) for k, v in knobs.items()},
-                             use_mpi, comm_addr, comm_ranks)
+                             use_mpi, comm_addr, comm_ranks, epoch)
     except _core.CoreError as e:
         raise_from_core(e)
     if started:
@@ -190,6 +194,19 @@ def init(comm=None, process_sets=None, **knobs):
     if not _atexit_registered:
         atexit.register(_at_exit)
         _atexit_registered = True
+
+
+def _elastic_topology(environ):
+    """An elastic worker's topology: the launcher's next generation that includes it
+    (docs/elastic.md). Its values also replace the rank variables in ``os.environ``, so
+    that code reading them sees the current generation."""
+    topo = elastic.membership(_rendezvous_environ(environ)).join()
+    epoch = topo.pop("generation")
+    if environ is os.environ:
+        for field, names in _TOPOLOGY_VARS.items():
+            for name in names[:2]:  # SDL_ and HOROVOD_
+                os.environ[name] = str(topo[field])
+    return topo, epoch
 
 
 def _warn_misspelled(environ):

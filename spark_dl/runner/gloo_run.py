@@ -116,28 +116,40 @@ def _worker_specs(command, slots, options, extra_env, net, port, secret, job_id,
                   cwd) -> List[WorkerSpec]:
     specs = []
     for slot in slots:
-        local = slot.hostname == LOCALHOST
         # A remote bootstrap replaces its host name by its address on the job's network
         # (remote.main) where the launcher chose one (net.payload()).
-        peer_address = net.address if local else slot.hostname
+        peer_address = net.address if slot.hostname == LOCALHOST else slot.hostname
         job_env = worker_environment(slot, peer_address, net.rendezvous_addr, port, secret,
                                      job_id, options.start_timeout)
-        if local:
-            full_env = {**os.environ, **extra_env, **job_env}
-            specs.append(WorkerSpec(slot.rank, slot.hostname, list(command), full_env,
-                                    cwd=cwd))
-            continue
-        remote_env = {**remote.forwarded_environment(os.environ), **extra_env, **job_env}
-        argv = remote.build_ssh_command(
-            slot.hostname, options.ssh_command, port=options.ssh_port,
-            identity_file=options.ssh_identity_file, connect_timeout=options.start_timeout,
-            cwd=cwd, pythonpath=os.environ.get("PYTHONPATH"))
-        # The ssh client itself runs with the launcher's environment minus the secret.
-        ssh_env = {k: v for k, v in os.environ.items() if k != "SDL_SECRET_KEY"}
-        specs.append(WorkerSpec(slot.rank, slot.hostname, argv, ssh_env,
-                                stdin_data=remote.encode_payload(command, remote_env, cwd,
-                                                                     net.payload())))
+        specs.append(worker_spec(command, slot.rank, slot.hostname, job_env, options,
+                                 extra_env, net, cwd))
     return specs
+
+
+def worker_spec(command, key: int, hostname: str, job_env: Mapping[str, str],
+                options: LaunchOptions, extra_env: Mapping[str, str], net, cwd: str,
+                label: Optional[str] = None) -> WorkerSpec:
+    """How to start one worker: directly on this machine, else through ssh and the remote
+    bootstrap (which reads the command and environment from its stdin).
+
+    Args:
+        key: the worker's rank (its output prefix and messages).
+        job_env: the variables that place it in the job (they win over the others).
+        net: the job's network (:func:`~spark_dl.runner.network.choose_network`).
+    """
+    if hostname == LOCALHOST:
+        full_env = {**os.environ, **extra_env, **job_env}
+        return WorkerSpec(key, hostname, list(command), full_env, cwd=cwd, label=label)
+    remote_env = {**remote.forwarded_environment(os.environ), **extra_env, **job_env}
+    argv = remote.build_ssh_command(
+        hostname, options.ssh_command, port=options.ssh_port,
+        identity_file=options.ssh_identity_file, connect_timeout=options.start_timeout,
+        cwd=cwd, pythonpath=os.environ.get("PYTHONPATH"))
+    # The ssh client itself runs with the launcher's environment minus the secret.
+    ssh_env = {k: v for k, v in os.environ.items() if k != "SDL_SECRET_KEY"}
+    return WorkerSpec(key, hostname, argv, ssh_env, label=label,
+                      stdin_data=remote.encode_payload(command, remote_env, cwd,
+                                                       net.payload()))
 
 
 def _registration_check(server: KVStoreServer, ranks: Sequence[int],

@@ -122,9 +122,9 @@ def _mpi_build_warning() -> Optional[str]:
     return None
 
 
-def run_command(command: Sequence[str], np: int, hosts: HostsArg = None,
+def run_command(command: Sequence[str], np: Optional[int], hosts: HostsArg = None,
                 env: Optional[Mapping[str, str]] = None, hostfile: Optional[str] = None,
-                **options) -> int:
+                elastic=None, **options) -> int:
     """Runs ``command`` on ``np`` workers and returns the job's exit code.
 
     Args:
@@ -134,6 +134,9 @@ def run_command(command: Sequence[str], np: int, hosts: HostsArg = None,
             ``(host, slots)`` pairs; default ``localhost:np``.
         env: extra environment variables for every worker.
         hostfile: a host file instead of ``hosts``.
+        elastic: an :class:`~spark_dl.runner.elastic.ElasticOptions` to run an elastic
+            job (docs/elastic.md); ``np`` may then be None (up to ``max_np`` workers start
+            on the hosts' slots).
         **options: fields of :class:`~spark_dl.runner.options.LaunchOptions`
             (``controller``, ``mpi_args``, ``start_timeout``, ``output_dir``,
             ``verbose``, ``kill_grace`` ...).
@@ -154,10 +157,14 @@ def run_command(command: Sequence[str], np: int, hosts: HostsArg = None,
     opts.validate()
     if not opts.network_interface:  # the workers' Gloo interface knob chooses it too
         opts.network_interface = knobs.value("gloo_iface", {**os.environ, **(env or {})}) or None
+    stderr = opts.stderr or sys.stderr.buffer
+    if elastic is not None:
+        return _run_elastic(command, np, hosts, hostfile, env, elastic, opts, stderr)
+    if np is None:
+        raise ValueError("-np is required (unless the job is elastic)")
     host_list = merge_hosts(_to_hosts(hosts, hostfile, np), is_local=is_local_host)
     slots = assign_ranks(host_list, np)
     controller, reason = choose_controller(opts.controller, env, opts.mpirun, opts.mpi_args)
-    stderr = opts.stderr or sys.stderr.buffer
     if opts.verbose:
         name = {"gloo": "Gloo", "mpi": "MPI (mpirun)"}[controller]
         _say(stderr, f"sdlrun: launching with {name}: {reason}\n")
@@ -174,6 +181,33 @@ def run_command(command: Sequence[str], np: int, hosts: HostsArg = None,
         return run_gloo(list(command), slots, opts, env=env, stopper=stopper)
 
 
+def _run_elastic(command, np, hosts, hostfile, env, elastic, opts, stderr) -> int:
+    from spark_dl.runner.elastic import run_elastic
+
+    if opts.controller == "mpi" or opts.mpi_args:
+        raise ValueError("an elastic job runs on Gloo: Open MPI cannot re-form a job's "
+                         "communicator when a process is lost; drop --mpi")
+    if elastic.max_np is None and np is not None and elastic.discovery_script is None:
+        elastic.max_np = max(np, elastic.min_np)
+    elastic.validate()
+    host_list = []
+    if elastic.discovery_script is None:
+        host_list = merge_hosts(_to_hosts(hosts, hostfile, np or elastic.min_np),
+                                is_local=is_local_host)
+        total = sum(h.slots for h in host_list)
+        if total < elastic.min_np:
+            raise ValueError(f"--min-np {elastic.min_np} exceeds the {total} slots of "
+                             + ",".join(str(h) for h in host_list))
+    elif hosts is not None or hostfile is not None:
+        raise ValueError("give hosts (-H/--hostfile) or --host-discovery-script, not both")
+    if opts.verbose:
+        _say(stderr, f"sdlrun: elastic job on Gloo: {elastic.min_np} to "
+                     f"{elastic.max_np or 'any number of'} workers\n")
+    stopper = Stopper()
+    with _forward_signals(stopper):
+        return run_elastic(list(command), host_list, opts, elastic, env=env, stopper=stopper)
+
+
 def _say(stream, text: str) -> None:
     stream.write(text.encode())
     stream.flush()
@@ -184,8 +218,9 @@ def make_parser() -> argparse.ArgumentParser:
         prog="sdlrun", allow_abbrev=False,
         description="Launch a spark_dl (or Horovod-style) job: run COMMAND once per rank.",
         epilog="Example: sdlrun -np 4 -H host1:2,host2:2 python train.py")
-    parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
-                        help="number of workers (ranks)")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int,
+                        help="number of workers (ranks); an elastic job's starting and "
+                             "default minimum and maximum number")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", help="host:slots,... (default: localhost:NP)")
     where.add_argument("--hostfile", help="file with one 'host slots=N' or 'host:N' per line")
@@ -241,6 +276,29 @@ def make_parser() -> argparse.ArgumentParser:
         parser.add_argument(flag, type=int, metavar="N", help=f"sets {knob}")
     parser.add_argument("--autotune-gaussian-process-noise", type=float, metavar="X",
                         help="sets SDL_AUTOTUNE_GAUSSIAN_PROCESS_NOISE")
+    elastic = parser.add_argument_group(
+        "elastic jobs", "workers may come and go while the job trains (docs/elastic.md); "
+        "any of --min-np, --max-np or --host-discovery-script makes a job elastic")
+    elastic.add_argument("--min-np", type=int, metavar="N",
+                         help="fewest workers that train (default: -np)")
+    elastic.add_argument("--max-np", type=int, metavar="N",
+                         help="most workers at once (default: -np with fixed hosts, else "
+                              "every discovered slot)")
+    elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
+                         help="prints the available hosts, one host:slots per line; run "
+                              "every second")
+    elastic.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int,
+                         default=1, metavar="N",
+                         help="slots of a discovered host printed without :N (default 1)")
+    elastic.add_argument("--elastic-timeout", type=float, metavar="SECONDS",
+                         help="how long the job may have fewer than --min-np workers "
+                              "(default: SDL_ELASTIC_TIMEOUT, else 600)")
+    elastic.add_argument("--reset-limit", type=int, metavar="N",
+                         help="end the job after N re-formations (default: no limit)")
+    elastic.add_argument("--blacklist-cooldown-range", type=float, nargs=2,
+                         metavar=("LOW", "HIGH"),
+                         help="a host where a worker failed takes no new worker for a "
+                              "random LOW..HIGH seconds (default: for the rest of the job)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="program and arguments")
     return parser
 
@@ -277,9 +335,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "SDL_AUTOTUNE_GAUSSIAN_PROCESS_NOISE")):
         if value is not None:
             env[knob] = str(value)
+    elastic = None
+    if args.min_np is not None or args.max_np is not None or args.host_discovery_script:
+        from spark_dl.runner.elastic import ElasticOptions
+
+        min_np = args.min_np if args.min_np is not None else args.np
+        if min_np is None:
+            parser.error("an elastic job needs --min-np or -np")
+        elastic = ElasticOptions(
+            min_np=min_np, max_np=args.max_np, discovery_script=args.host_discovery_script,
+            slots_per_host=args.slots_per_host,
+            timeout=(args.elastic_timeout if args.elastic_timeout is not None
+                     else knobs.value("elastic_timeout_s")),
+            reset_limit=args.reset_limit,
+            cooldown_range=(tuple(args.blacklist_cooldown_range)
+                            if args.blacklist_cooldown_range else None))
+    elif args.np is None:
+        parser.error("-np is required")
     try:
         return run_command(command, args.np, hosts=args.hosts, hostfile=args.hostfile,
-                           env=env or None, **options)
+                           env=env or None, elastic=elastic, **options)
     except (ValueError, OSError, LaunchError) as exc:
         print(f"sdlrun: error: {exc}", file=sys.stderr)
         return 2

@@ -156,9 +156,11 @@ class OutputForwarder:
         self._broken = set()  # sinks whose reader went away (e.g. a closed pipe)
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
+        self._held = False
 
     def add(self, rank: int, name: str, pipe: BinaryIO) -> None:
-        """Registers a worker pipe (call before :meth:`start`); it is closed at EOF."""
+        """Registers a worker pipe (before :meth:`start`, or after it while
+        :meth:`hold` keeps the forwarder running); it is closed at EOF."""
         self._register(_Source(pipe, name, lines=self._lines_for(rank, name)))
 
     def add_tagged(self, name: str, pipe: BinaryIO, demux: TagDemux,
@@ -195,6 +197,11 @@ class OutputForwarder:
             lines = self._lines[key] = _Lines(rank, name, self._sinks[name], file)
         return lines
 
+    def hold(self, on: bool) -> None:
+        """While on, the forwarder keeps running when every pipe so far has ended, so
+        that workers started later are forwarded too (the elastic launcher)."""
+        self._held = on
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="sdlrun-output", daemon=True)
         self._thread.start()
@@ -224,7 +231,7 @@ class OutputForwarder:
         self._write(self._sinks[name], text.encode(errors="replace"))
 
     def _loop(self) -> None:
-        while self._sources and not self._stopping:
+        while (self._sources or self._held) and not self._stopping:
             for key, _ in self._selector.select(timeout=0.2):
                 fd = key.fd
                 try:

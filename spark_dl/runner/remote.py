@@ -40,9 +40,14 @@ _NOT_FORWARDED = {"HOSTNAME", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD
 _NOT_FORWARDED_PREFIXES = ("SSH_", "XDG_", "BASH_FUNC_")
 
 
-def register_key(rank: int) -> str:
-    """The rendezvous key a remote bootstrap sets once its worker is about to start."""
+def register_key(rank) -> str:
+    """The rendezvous key a remote bootstrap sets once its worker is about to start: its
+    rank, or for an elastic worker (which has no rank yet) ``w<worker id>``."""
     return f"started/{rank}"
+
+
+def _worker_key(env: Mapping[str, str]) -> str:
+    return env.get("SDL_RANK") or "w" + env.get("SDL_ELASTIC_WORKER_ID", "?")
 
 
 def forwarded_environment(environ: Mapping[str, str]) -> Dict[str, str]:
@@ -104,10 +109,10 @@ def _register(env: Mapping[str, str]) -> Optional[str]:
         if client is None:
             return "the payload has no rendezvous settings"
         with client:
-            client.set(REGISTER_SCOPE, register_key(int(env["SDL_RANK"])),
+            client.set(REGISTER_SCOPE, register_key(_worker_key(env)),
                        socket.gethostname().encode())
     except Exception as exc:  # any failure here means the worker cannot rendezvous
-        return (f"rank {env.get('SDL_RANK')} cannot reach the rendezvous server at "
+        return (f"worker {_worker_key(env)} cannot reach the rendezvous server at "
                 f"{env.get('SDL_RENDEZVOUS_ADDR')}:{env.get('SDL_RENDEZVOUS_PORT')}: {exc}")
     return None
 

@@ -143,34 +143,83 @@ class WorkerGroup:
         finally:
             self._finish()
 
+    def run_custom(self, supervise: Callable[[], int]) -> int:
+        """Runs a caller's supervision loop instead of :meth:`run`'s fail-fast one (the
+        elastic launcher starts workers as it goes, with :meth:`start`, and reads their
+        ends with :meth:`next_exit`), with the same watchdog, output and clean-up."""
+        self._watchdog = Watchdog(self._kill_grace)
+        try:
+            self._out.start()
+            return supervise()
+        finally:
+            self._finish()
+
+    def next_exit(self, timeout: float) -> Optional[Tuple[int, int]]:
+        """The next worker that ended, as (rank, Popen return code), or None after
+        ``timeout`` seconds."""
+        try:
+            rank, rc = self._exits.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        self._reaped(rank)
+        return rank, rc
+
+    def stop_one(self, rank: int) -> None:
+        """Asks one worker to stop (SIGTERM; :meth:`stop_all` or the end of the group
+        kills what is left)."""
+        proc = self._running.get(rank)
+        if proc is not None:
+            _signal_group(proc, signal.SIGTERM)
+            _signal_group(proc, signal.SIGCONT)
+
+    def stop_all(self, code: int) -> int:
+        """Stops every running worker (SIGTERM, SIGKILL after the grace period) and
+        returns ``code``."""
+        self._signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + self._kill_grace
+        while self._running and time.monotonic() < deadline:
+            self.next_exit(_POLL_S)
+        self._signal_all(signal.SIGKILL)
+        for proc in self._procs.values():
+            proc.wait()
+        return code
+
     def _start_all(self) -> Optional[Tuple[str, int]]:
         """Starts every worker; on an error returns (message, exit code 127 or 126)."""
-        for spec in self._specs.values():
-            try:
-                proc = spec.starter(spec) if spec.starter is not None else None
-                if proc is None:
-                    proc = subprocess.Popen(
-                        list(spec.argv), env=dict(spec.env), cwd=spec.cwd,
-                        stdin=(subprocess.PIPE if spec.stdin_data is not None
-                               else subprocess.DEVNULL),
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-            except OSError as exc:
-                code = 127 if isinstance(exc, FileNotFoundError) else 126
-                return f"cannot start {spec.describe()}: {exc}", code
-            self._watchdog.add(proc.pid)
-            self._procs[spec.rank] = proc
-            self._running[spec.rank] = proc
-            for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-                if spec.demux is None:
-                    self._out.add(spec.rank, name, pipe)
-                else:
-                    self._out.add_tagged(name, pipe, spec.demux[name], spec.ranks)
-            if spec.stdin_data is not None:
-                # A thread, so that a slow ssh connection never blocks the launcher.
-                threading.Thread(target=self._feed_stdin, args=(proc, spec.stdin_data),
-                                 daemon=True).start()
-            threading.Thread(target=self._wait_one, args=(spec.rank, proc),
+        for spec in list(self._specs.values()):
+            failure = self.start(spec)
+            if failure is not None:
+                return failure
+        return None
+
+    def start(self, spec: WorkerSpec) -> Optional[Tuple[str, int]]:
+        """Starts one worker (also one added after the others started, as the elastic
+        launcher does); on an error returns (message, exit code 127 or 126)."""
+        self._specs[spec.rank] = spec
+        try:
+            proc = spec.starter(spec) if spec.starter is not None else None
+            if proc is None:
+                proc = subprocess.Popen(
+                    list(spec.argv), env=dict(spec.env), cwd=spec.cwd,
+                    stdin=(subprocess.PIPE if spec.stdin_data is not None
+                           else subprocess.DEVNULL),
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            return f"cannot start {spec.describe()}: {exc}", code
+        self._watchdog.add(proc.pid)
+        self._procs[spec.rank] = proc
+        self._running[spec.rank] = proc
+        for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            if spec.demux is None:
+                self._out.add(spec.rank, name, pipe)
+            else:
+                self._out.add_tagged(name, pipe, spec.demux[name], spec.ranks)
+        if spec.stdin_data is not None:
+            # A thread, so that a slow ssh connection never blocks the launcher.
+            threading.Thread(target=self._feed_stdin, args=(proc, spec.stdin_data),
                              daemon=True).start()
+        threading.Thread(target=self._wait_one, args=(spec.rank, proc), daemon=True).start()
         return None
 
     @staticmethod
@@ -258,18 +307,7 @@ class WorkerGroup:
 
     def _shut_down(self, message: str, code: int) -> int:
         self.log(message)
-        self._signal_all(signal.SIGTERM)
-        deadline = time.monotonic() + self._kill_grace
-        while self._running and time.monotonic() < deadline:
-            try:
-                rank, _ = self._exits.get(timeout=_POLL_S)
-                self._reaped(rank)
-            except queue.Empty:
-                pass
-        self._signal_all(signal.SIGKILL)
-        for proc in self._procs.values():
-            proc.wait()
-        return code
+        return self.stop_all(code)
 
     def _reaped(self, rank: int) -> None:
         proc = self._running.pop(rank, None)

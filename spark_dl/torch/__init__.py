@@ -28,11 +28,12 @@ from spark_dl.torch.mpi_ops import *  # noqa: F401,F403
 from spark_dl.torch.mpi_ops import __all__ as _ops_all
 from spark_dl.torch.optimizer import DistributedOptimizer  # noqa: F401
 from spark_dl.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
+from spark_dl.torch import elastic  # noqa: F401,E402 - hvd.elastic.run, hvd.elastic.TorchState
 
 __all__ = list(_ops_all) + [
     "Compression", "DistributedOptimizer", "SyncBatchNorm", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object", "SdlError",
     "HorovodInternalError", "PeerFailureError", "MismatchError", "DuplicateNameError",
     "InvalidArgumentError", "NotInitializedError", "OpTimeoutError", "ShutdownError",
-    "flight_recorder", "autotune_state",
+    "flight_recorder", "autotune_state", "elastic",
 ]

@@ -87,8 +87,17 @@ class _DistributedOptimizer:
             for p in members:
                 self._group_of[p] = k
 
-        self._delay = {p: backward_passes_per_step for p in self._requires_update}
         self._ungrouped = sum(1 for p in self._requires_update if p not in self._group_of)
+        self._should_synchronize = True
+        self._hook_handles = []
+        self._active = False
+        self._sdl_reset_step()
+
+    def _sdl_reset_step(self):
+        """Forgets the step in flight and decides, for the job's current membership,
+        whether gradients are averaged at all. Called at construction and by an elastic
+        reset (the handles of a step in flight died with the old runtime)."""
+        self._delay = {p: self.backward_passes_per_step for p in self._requires_update}
         self._started = set()       # ungrouped parameters queued or reduced in this step
         self._queue = []            # (p, compression ctx, wire tensor) not yet handed over
         self._queue_bytes = 0
@@ -97,16 +106,14 @@ class _DistributedOptimizer:
         self._group_handles = {}    # group index -> (handle, [ctx], [wire tensor])
         self._group_ready = [0] * len(self._groups)
         self._touched = set()       # parameters whose hook ran since the last synchronize
-        self._should_synchronize = True
         self._synchronized = False
-
-        # One process (or a set this rank is not in) has nothing to average: no hooks,
-        # step() is the wrapped optimizer's step, as in Horovod.
-        ps = process_set
+        # One process (or a set this rank is not in) has nothing to average: step() is
+        # the wrapped optimizer's step, as in Horovod (the hooks, once registered, stay
+        # silent while inactive).
+        ps = self.process_set
         in_set = ps is global_process_set or ps is None or ps.included()
         self._active = in_set and set_size(ps) > 1
-        self._hook_handles = []
-        if self._active:
+        if self._active and not self._hook_handles:
             self._register_hooks()
 
     # ------------------------------------------------------------------ hooks
@@ -333,7 +340,7 @@ class _DistributedOptimizer:
 def _make_hook(ref, p):
     def hook(*unused):
         opt = ref()
-        if opt is not None and getattr(p, "_sdl_hook_owner", None) is ref:
+        if opt is not None and opt._active and getattr(p, "_sdl_hook_owner", None) is ref:
             opt._grad_ready(p)
     return hook
 

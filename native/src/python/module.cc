@@ -479,13 +479,17 @@ NB_MODULE(SDL_MODULE_NAME, m) {
       [](int rank, int size, int local_rank, int local_size, int cross_rank, int cross_size,
          const std::string& hostname, nb::object store,
          std::vector<std::vector<int32_t>> process_sets, std::map<std::string, std::string> knobs,
-         bool use_mpi, intptr_t mpi_comm_addr, std::vector<int32_t> mpi_ranks) {
+         bool use_mpi, intptr_t mpi_comm_addr, std::vector<int32_t> mpi_ranks, int epoch) {
         std::lock_guard<std::mutex> lk(g_mu);
         if (g_runtime) return false;  // already initialized: init() is idempotent
         RuntimeOptions o;
         o.topo = {rank, size, local_rank, local_size, cross_rank, cross_size};
         o.hostname = hostname;
         if (!store.is_none()) o.store = std::make_shared<PyStore>(store);
+        // Successive init()s of one process meet in their own store namespace; an
+        // elastic job names it (its generation), so that ranks that joined later meet
+        // the ones that re-initialized.
+        if (epoch >= 0) g_epoch = epoch;
         o.epoch = g_epoch++;
         o.process_sets = std::move(process_sets);
         o.config = Config::FromEnv();
@@ -499,7 +503,7 @@ NB_MODULE(SDL_MODULE_NAME, m) {
       },
       "rank"_a, "size"_a, "local_rank"_a, "local_size"_a, "cross_rank"_a, "cross_size"_a,
       "hostname"_a, "store"_a.none(), "process_sets"_a, "knobs"_a, "use_mpi"_a = false,
-      "mpi_comm_addr"_a = 0, "mpi_ranks"_a = std::vector<int32_t>());
+      "mpi_comm_addr"_a = 0, "mpi_ranks"_a = std::vector<int32_t>(), "epoch"_a = -1);
   m.def("mpi_threads_supported", [] {
 #ifdef SDL_HAVE_MPI
     return MpiThreadsSupported();
