@@ -24,4 +24,8 @@ def __getattr__(name):
         from spark_dl.spark.launch.spark_run import run
 
         return run
+    if name == "run_elastic":
+        from spark_dl.spark.launch.elastic_run import run_elastic
+
+        return run_elastic
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,9 +1,9 @@
 """Elastic jobs on sdlrun end to end (docs/elastic.md): workers die, leave and join while
 a PyTorch model trains, and the result equals a one-process replay of the committed steps.
 
-Each job runs tests/parallel/elastic_workers.py; its state records which rows every rank
-used in every committed step, and the replay here applies exactly those steps to a fresh
-model (SGD on the average of the ranks' gradients, as the DistributedOptimizer does).
+Each job runs tests/parallel/elastic_workers.py (the training of elastic_training.py); its
+state records which rows every rank used in every committed step, and check_training
+replays exactly those steps on one process and compares the final weights.
 """
 
 import json
@@ -13,7 +13,8 @@ import sys
 import time
 
 import pytest
-import torch
+
+from elastic_training import check_training
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -35,40 +36,6 @@ def sdlrun(sdlrun_args, worker_args, out, timeout=120):
 def result(out):
     with open(os.path.join(out, "result.json")) as f:
         return json.load(f)
-
-
-def replay(history, n=96, lr=0.05):
-    """The committed steps on one process: the same data, the same order."""
-    gen = torch.Generator().manual_seed(7)
-    X = torch.randn(n, 4, generator=gen)
-    w_true = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
-    Y = X @ w_true + 0.01 * torch.randn(n, 1, generator=gen)
-    w = torch.zeros(1, 4)
-    for step in history:
-        grads = []
-        for rows in step["rows"]:
-            wr = w.clone().requires_grad_(True)
-            loss = torch.nn.functional.mse_loss(X[rows] @ wr.T, Y[rows])
-            loss.backward()
-            grads.append(wr.grad)
-        w = w - lr * torch.stack(grads).mean(0)
-    return w.flatten()
-
-
-def check_training(res, n=96, epochs=3):
-    """The final weights equal the replay's, the loss fell, and every epoch used every row
-    at least once; twice only for the padding of a split (ElasticSampler pads the rows
-    left to a multiple of the size: at most size-1 per split, one split per generation)."""
-    torch.testing.assert_close(torch.tensor(res["weight"]), replay(res["history"], n),
-                               rtol=1e-4, atol=1e-5)
-    losses = res["losses"]
-    assert sum(losses[-3:]) < 0.1 * sum(losses[:3]), losses
-    for e in range(epochs):
-        steps = [s for s in res["history"] if s["epoch"] == e]
-        rows = [r for s in steps for rank_rows in s["rows"] for r in rank_rows]
-        assert sorted(set(rows)) == list(range(n)), f"epoch {e} missed rows"
-        splits = 1 + len(res["resets"])
-        assert len(rows) - n <= splits * (max(res["sizes"]) - 1), (e, len(rows))
 
 
 def test_a_killed_worker_leaves_the_others_training(tmp_path):
