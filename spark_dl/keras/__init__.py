@@ -33,6 +33,7 @@ from spark_dl.keras.compression import Compression  # noqa: F401
 from spark_dl.keras.optimizer import (  # noqa: F401
     DistributedOptimizer, PartialDistributedOptimizer, is_distributed, wrap_in_place)
 from spark_dl.keras.sync_batch_norm import SyncBatchNormalization
+from spark_dl.keras import elastic  # noqa: F401,E402 - hvd.elastic.run, hvd.elastic.KerasState
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank",
@@ -44,6 +45,7 @@ __all__ = [
     "Compression", "callbacks", "load_model",
     "broadcast_global_variables", "broadcast_variables", "allreduce", "allgather", "broadcast",
     "reducescatter", "alltoall", "broadcast_object", "allgather_object", "is_distributed",
+    "elastic",
 ]
 
 

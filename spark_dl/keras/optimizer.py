@@ -99,6 +99,11 @@ class _DistributedOptimizer:
         finally:
             self._sdl_vars.items, self._sdl_in_apply = [], False
 
+    def _sdl_reset_step(self):
+        """Forgets what was decided for the job's old membership (an elastic reset: the
+        size may differ now); the next trace or step decides again."""
+        self._sdl_active = None
+
     def _sdl_is_active(self):
         if self._sdl_active is None:
             ps = self._sdl_process_set

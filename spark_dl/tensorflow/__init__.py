@@ -29,6 +29,7 @@ from spark_dl.tensorflow.gradient_tape import (  # noqa: F401
 from spark_dl.tensorflow.mpi_ops import *  # noqa: F401,F403
 from spark_dl.tensorflow.mpi_ops import __all__ as _ops_all
 from spark_dl.tensorflow.optimizer import DistributedOptimizer  # noqa: F401
+from spark_dl.tensorflow import elastic  # noqa: F401,E402 - hvd.elastic.run, hvd.elastic.*State
 
 __all__ = list(_ops_all) + [
     "Compression", "DistributedGradientTape", "PartialDistributedGradientTape",
@@ -36,6 +37,7 @@ __all__ = list(_ops_all) + [
     "broadcast_global_variables", "broadcast_object", "allgather_object", "SdlError",
     "HorovodInternalError", "PeerFailureError", "MismatchError", "DuplicateNameError",
     "InvalidArgumentError", "NotInitializedError", "OpTimeoutError", "ShutdownError",
+    "elastic",
 ]
 
 

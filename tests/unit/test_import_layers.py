@@ -59,6 +59,9 @@ ALLOWED: Set[Tuple[str, str]] = {
     # layer (imported on first use). Both point up, at spark_dl.keras, for Horovod's API.
     ("spark_dl.tensorflow.optimizer", "spark_dl.keras"),
     ("spark_dl.tensorflow", "spark_dl.keras.sync_batch_norm"),
+    # horovod.tensorflow.elastic.TensorFlowKerasState is a Keras state: the one of
+    # spark_dl.keras.elastic (imported on first use).
+    ("spark_dl.tensorflow.elastic", "spark_dl.keras.elastic"),
 }
 
 
