@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 from spark_dl.common.exceptions import PeerFailureError, ShutdownError
 
 __all__ = ["State", "ObjectState", "HostsUpdatedInterrupt", "run_fn", "Membership",
-           "is_elastic", "SCOPE"]
+           "is_elastic", "hosts_updated", "SCOPE"]
 
 SCOPE = "elastic"  # the rendezvous server's scope of the membership records
 WORKER_VAR = "SDL_ELASTIC_WORKER_ID"
@@ -155,6 +155,15 @@ def membership(environ: Mapping[str, str] = os.environ) -> Membership:
     return _membership
 
 
+def hosts_updated(broadcast_object: Callable, rank: int) -> bool:
+    """True on every rank when workers wait to join the job or leave it: rank 0 asks the
+    launcher and broadcasts the answer, so that all ranks agree. A collective."""
+    pending = False
+    if is_elastic() and rank == 0:
+        pending = membership().update_pending()
+    return bool(broadcast_object(pending, 0, name="elastic.hosts_updated"))
+
+
 class State:
     """What an elastic job rolls back to and re-aligns after a membership change.
 
@@ -190,11 +199,8 @@ class State:
 
     def check_host_updates(self) -> None:
         """Raises :class:`HostsUpdatedInterrupt` on every rank when workers wait to join
-        or leave; rank 0 asks the launcher and broadcasts the answer, so all ranks agree."""
-        pending = False
-        if is_elastic() and self._rank() == 0:
-            pending = membership().update_pending()
-        if self._bcast_object(pending, 0, name="elastic.hosts_updated"):
+        or leave (see :func:`hosts_updated`)."""
+        if hosts_updated(self._bcast_object, self._rank()):
             raise HostsUpdatedInterrupt()
 
     def save(self) -> None:

@@ -135,6 +135,26 @@ def _executor_jvm() -> int:
     raise RuntimeError("not running under a Spark executor JVM")
 
 
+class KillExecutorAt:
+    """An estimator callback: worker ``worker`` kills the Spark executor JVM it runs under
+    at batch ``batch`` of epoch ``epoch`` (0-based); every batch sleeps ``batch_sleep``."""
+
+    def __init__(self, worker: str, epoch: int, batch: int, batch_sleep: float = 0.0):
+        self.worker, self.at_epoch, self.at_batch = worker, epoch, batch
+        self.batch_sleep = batch_sleep
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_batch_end(self, batch, logs=None):
+        time.sleep(self.batch_sleep)
+        if (os.environ.get("SDL_ELASTIC_WORKER_ID") == self.worker
+                and (self.epoch, batch) == (self.at_epoch, self.at_batch)):
+            os.kill(_executor_jvm(), signal.SIGKILL)
+            time.sleep(60)  # this worker ends with its task
+
+
 def replay(history, n=N, lr=LR):
     """The committed steps on one process: the same rows, the same order, SGD on the
     average of the ranks' gradients (as the DistributedOptimizer does)."""

@@ -47,3 +47,39 @@ def test_lost_executor_is_replaced_and_its_new_worker_joins(spark):
     assert len(results) == 3
     elastic_training.check_training(res)
     assert_no_workers_left()
+
+
+def test_elastic_torch_estimator_survives_a_lost_executor(spark, tmp_path):
+    import numpy as np
+    import torch
+
+    from spark_dl.spark.common.store import Store
+    from spark_dl.spark.torch import TorchEstimator
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1500, 4)).astype("float32")
+    y = x @ np.array([1.0, -2.0, 0.5, 3.0], dtype="float32")
+    df = spark.createDataFrame([(row.tolist(), float(v)) for row, v in zip(x, y)],
+                               "features array<float>, label double")
+    model = torch.nn.Linear(4, 1)
+    err = io.StringIO()
+    est = TorchEstimator(
+        num_proc=3, elastic=True, min_num_proc=2, store=Store.create(str(tmp_path)),
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
+        loss=torch.nn.functional.mse_loss, feature_cols=["features"], label_cols=["label"],
+        input_shapes=[[4]], batch_size=25, epochs=4, verbose=1, run_id="elastic_fit",
+        callbacks=[elastic_training.KillExecutorAt("2.0", epoch=1, batch=5,
+                                                   batch_sleep=0.02)])
+    import contextlib
+
+    out = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        fitted = est.fit(df)
+    history = fitted.getHistory()
+    assert history["epoch"] == [1, 2, 3, 4], history
+    assert history["loss"][-1] < 0.05 * history["loss"][0], history["loss"]
+    log = err.getvalue()
+    assert "worker 2.0 on" in log and "is lost" in log, log
+    assert "re-forming the job" in out.getvalue(), out.getvalue()
+    assert "resuming run elastic_fit after epoch" in out.getvalue(), out.getvalue()
+    assert_no_workers_left()

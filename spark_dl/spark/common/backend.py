@@ -13,7 +13,7 @@ import abc
 import inspect
 from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
-__all__ = ["Backend", "SparkBackend", "run_on_backend"]
+__all__ = ["Backend", "SparkBackend", "ElasticSparkBackend", "run_on_backend"]
 
 
 class Backend(abc.ABC):
@@ -104,6 +104,60 @@ class SparkBackend(Backend):
             spark = active_session()
             self._num_proc = _default_num_proc(spark, spark_context(spark))
         return self._num_proc
+
+
+class ElasticSparkBackend(SparkBackend):
+    """Runs the function as an elastic job with :func:`spark_dl.spark.run_elastic`
+    (an estimator's ``elastic=True``; docs/elastic.md).
+
+    Args:
+        num_proc: the workers to start with (default: the default parallelism).
+        min_num_proc, max_num_proc: the fewest that train and the most at once (default
+            ``num_proc``).
+        elastic_timeout, reset_limit: as for :func:`spark_dl.spark.run_elastic`.
+        env, stdout, stderr, start_timeout, verbose, nics: as for :class:`SparkBackend`.
+    """
+
+    def __init__(self, num_proc: Optional[int] = None, min_num_proc: Optional[int] = None,
+                 max_num_proc: Optional[int] = None, elastic_timeout: Optional[float] = None,
+                 reset_limit: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
+                 stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
+                 start_timeout: Optional[float] = None, verbose: int = 1,
+                 nics: Optional[Sequence[str]] = None):
+        super().__init__(num_proc=num_proc, env=env, stdout=stdout, stderr=stderr,
+                         start_timeout=start_timeout, verbose=verbose, nics=nics)
+        self._options = dict(start_timeout=start_timeout, verbose=verbose, nics=nics,
+                             elastic_timeout=elastic_timeout, reset_limit=reset_limit)
+        self._min, self._max = min_num_proc, max_num_proc
+
+    def run(self, fn, args=(), kwargs=None, env=None, stdout=None, stderr=None,
+            output_spool=None):
+        """See :meth:`Backend.run` (the output always comes to this process: the
+        executors of an elastic job reach it)."""
+        from spark_dl.spark.launch.elastic_run import run_elastic
+
+        merged = dict(self._env)
+        merged.update(env or {})
+        return run_elastic(fn, args=args, kwargs=kwargs, num_proc=self.num_processes(),
+                           min_num_proc=self.min_processes(),
+                           max_num_proc=self._max, env=merged,
+                           stdout=stdout or self._stdout, stderr=stderr or self._stderr,
+                           **self._options)
+
+    def min_processes(self) -> int:
+        return self.num_processes() if self._min is None else int(self._min)
+
+    def check_capacity(self) -> None:
+        """Raises ``NotEnoughSlotsError`` when the application cannot run
+        ``min_num_proc`` tasks together (the rest join as slots free up)."""
+        from spark_dl.spark.launch.driver.slots import check_slots
+        from spark_dl.spark.launch.session import active_session, check_server_version
+        from spark_dl.spark.launch.spark_run import _start_timeout
+
+        spark = active_session()
+        check_server_version(spark)
+        check_slots(spark, self.min_processes(),
+                    wait_s=_start_timeout(self._options["start_timeout"]))
 
 
 def run_on_backend(backend, fn: Callable, args: Sequence, env: Mapping[str, str],

@@ -108,6 +108,23 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         if self.getNumProc() is not None and self.getBackend() is not None:
             raise ValueError("set num_proc or backend, not both: a custom backend decides "
                              "the number of processes")
+        if (self.getMinNumProc() is not None or self.getMaxNumProc() is not None) and \
+                not self.getElastic():
+            raise ValueError("min_num_proc and max_num_proc are for elastic training: set "
+                             "elastic=True too (docs/elastic.md)")
+        if self.getElastic() and self.getBackend() is not None:
+            raise ValueError("elastic=True runs on spark_dl's elastic Spark backend: leave "
+                             "backend unset (or pass an ElasticSparkBackend as backend "
+                             "without elastic)")
+        if self.getElastic():
+            num = self.getNumProc()
+            low, high = self.getMinNumProc(), self.getMaxNumProc()
+            if low is not None and high is not None and low > high:
+                raise ValueError(f"min_num_proc={low} is above max_num_proc={high}")
+            if num is not None and ((low is not None and num < low) or
+                                    (high is not None and num > high)):
+                raise ValueError(f"num_proc={num} is outside min_num_proc..max_num_proc "
+                                 f"({low}..{high})")
         backend = self.getBackend()
         if backend is not None and not (callable(getattr(backend, "run", None)) and
                                         callable(getattr(backend, "num_processes", None))):
@@ -160,7 +177,14 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
 
     def _backend(self):
         backend = self.getBackend()
-        if backend is None:
+        if backend is None and self.getElastic():
+            from spark_dl.spark.common.backend import ElasticSparkBackend
+
+            backend = ElasticSparkBackend(num_proc=self.getNumProc(),
+                                          min_num_proc=self.getMinNumProc(),
+                                          max_num_proc=self.getMaxNumProc(),
+                                          verbose=1 if self.getVerbose() < 2 else 2)
+        elif backend is None:
             backend = SparkBackend(num_proc=self.getNumProc(),
                                    verbose=1 if self.getVerbose() < 2 else 2)
         return backend

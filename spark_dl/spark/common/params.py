@@ -278,6 +278,14 @@ PREDICTION_KINDS = ("regression", "logits", "log_probabilities", "probabilities"
 ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
     ParamSpec("num_proc", "number of training processes (default: the Spark application's "
               "default parallelism); exclusive with backend", None, _int("num_proc", 1)),
+    ParamSpec("elastic", "train as an elastic job (docs/elastic.md): workers lost with their "
+              "executors are replaced by Spark's task retries and join, the job goes on "
+              "between min_num_proc and max_num_proc workers, resuming from the last "
+              "epoch's checkpoint", False, _bool("elastic")),
+    ParamSpec("min_num_proc", "elastic: the fewest workers that train (default num_proc)",
+              None, _int("min_num_proc", 1)),
+    ParamSpec("max_num_proc", "elastic: the most workers at once (default num_proc)", None,
+              _int("max_num_proc", 1)),
     ParamSpec("model", "the model to train; fit() trains a copy and leaves it unchanged",
               None, pickled=True),
     ParamSpec("optimizer", "the optimizer, constructed over the model's parameters", None,

@@ -28,6 +28,37 @@ class EstimatorParamsAccessors:
         parallelism); exclusive with backend. Returns self."""
         return self._set(num_proc=value)
 
+    def getElastic(self) -> Optional[bool]:
+        """Gets ``elastic``: train as an elastic job (docs/elastic.md): workers lost with their
+        executors are replaced by Spark's task retries and join, the job goes on between
+        min_num_proc and max_num_proc workers, resuming from the last epoch's checkpoint."""
+        return self.getOrDefault('elastic')
+
+    def setElastic(self: _P, value: Optional[bool]) -> _P:
+        """Sets ``elastic``: train as an elastic job (docs/elastic.md): workers lost with their
+        executors are replaced by Spark's task retries and join, the job goes on between
+        min_num_proc and max_num_proc workers, resuming from the last epoch's checkpoint. Returns
+        self."""
+        return self._set(elastic=value)
+
+    def getMinNumProc(self) -> Optional[int]:
+        """Gets ``min_num_proc``: elastic: the fewest workers that train (default num_proc)."""
+        return self.getOrDefault('min_num_proc')
+
+    def setMinNumProc(self: _P, value: Optional[int]) -> _P:
+        """Sets ``min_num_proc``: elastic: the fewest workers that train (default num_proc). Returns
+        self."""
+        return self._set(min_num_proc=value)
+
+    def getMaxNumProc(self) -> Optional[int]:
+        """Gets ``max_num_proc``: elastic: the most workers at once (default num_proc)."""
+        return self.getOrDefault('max_num_proc')
+
+    def setMaxNumProc(self: _P, value: Optional[int]) -> _P:
+        """Sets ``max_num_proc``: elastic: the most workers at once (default num_proc). Returns
+        self."""
+        return self._set(max_num_proc=value)
+
     def getModel(self) -> Any:
         """Gets ``model``: the model to train; fit() trains a copy and leaves it unchanged."""
         return self.getOrDefault('model')

@@ -33,6 +33,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
+from spark_dl.common import elastic
 from spark_dl.config import knobs
 
 __all__ = ["TrainSpec", "train", "Sums", "callbacks_call"]
@@ -147,6 +148,8 @@ def train(blob: bytes) -> dict:
     staging = _flight_recorder_in_run(spec.remote_store)
     timeline = None
     try:
+        if elastic.is_elastic():
+            return _train_elastic(blob, spec, sdl, dict(start=t_start, imported=t_imported))
         sdl.init()
         t_init = time.time()
         timeline = _start_timeline(spec, sdl)
@@ -161,6 +164,31 @@ def train(blob: bytes) -> dict:
             except Exception as e:  # never hide training's own outcome or error
                 print(f"warning: the timeline could not be copied into the Store: {e}",
                       file=sys.stderr, flush=True)
+
+
+def _train_elastic(blob: bytes, spec: TrainSpec, sdl, timings: dict) -> dict:
+    """An elastic fit (``elastic=True``, docs/elastic.md): the run's checkpoint, written by
+    rank 0 after every epoch, is the state the job rolls back to. A lost peer ends the
+    generation on every survivor; each then joins the next one (``init()`` again, with its
+    new rank and size) and trains again from a fresh copy of the model and optimizer, which
+    rank 0 loads from the checkpoint: the epoch in flight is redone on the new membership,
+    every row once. Workers waiting to join are taken in at the end of an epoch."""
+    while True:
+        try:
+            sdl.init()
+            worker = _Worker(spec, sdl, elastic=True)
+            worker.timings.update(timings, initialized=time.time())
+            return worker.run()
+        except elastic.RECOVERABLE as e:
+            reason = f"a peer was lost ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        except elastic.HostsUpdatedInterrupt:
+            reason = "workers are joining or leaving"
+        print(f"spark_dl: re-forming the job: {reason}; training resumes from the last "
+              "epoch's checkpoint", file=sys.stderr, flush=True)
+        sdl.shutdown()
+        import cloudpickle
+
+        spec = cloudpickle.loads(blob)  # the model and optimizer as the fit began
 
 
 def _start_timeline(spec: TrainSpec, sdl) -> Optional[str]:
@@ -226,10 +254,11 @@ def _upload_flight_dumps(remote_store, staging: Optional[str]) -> None:
 class _Worker:
     """One rank's training loop: set up in the constructor, :meth:`run` runs the epochs."""
 
-    def __init__(self, spec: TrainSpec, sdl):
+    def __init__(self, spec: TrainSpec, sdl, elastic: bool = False):
         from spark_dl.spark.common.progress import Reporter
 
         self.spec, self.sdl = spec, sdl
+        self.elastic = elastic
         self.rank, self.size = sdl.rank(), sdl.size()
         self.timings = {}
         # Rank 0 always reports epochs (the driver writes TensorBoard scalars from them);
@@ -339,6 +368,9 @@ class _Worker:
                 if self._callbacks_stop(epoch, logs):
                     reporter.note(f"training stopped by a callback after epoch {epoch + 1}")
                     break
+                if (self.elastic and epoch + 1 < spec.epochs and
+                        elastic.hosts_updated(self.sdl.broadcast_object, self.rank)):
+                    raise elastic.HostsUpdatedInterrupt()  # the checkpoint is written
             if self.start_epoch >= spec.epochs:
                 reporter.note(f"run {spec.run_id} already finished its {spec.epochs} "
                               "epoch(s); nothing to train")
