@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from spark_dl.common import ops as _ops
+from spark_dl.common import elastic as _elastic
 from spark_dl.common.basics import rank, size
 from spark_dl.common.handles import synchronize
 from spark_dl.common.process_sets import global_process_set
@@ -24,7 +25,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Broadcasts when training begins if the model is built by then (its optimizer is
     built first so that its slots exist); otherwise right after the first batch, when
-    Keras has built both (Horovod's TensorFlow 2 behaviour).
+    Keras has built both (Horovod's TensorFlow 2 behaviour). In an elastic job it
+    broadcasts again in the first ``fit`` of every re-formed job: newcomers broadcast
+    then, so the survivors must too.
 
     Args:
         root_rank: the rank whose values every rank takes.
@@ -40,6 +43,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.root_rank = root_rank
         self.process_set = process_set
         self.broadcast_done = False
+        self._generation = None  # the elastic job's generation of the last broadcast
         if local_variables is None:
             local_variables = []
         elif isinstance(local_variables, (keras.Variable, _tf_variable_type())):
@@ -60,15 +64,24 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         variables = [v for v in model_variables(self.model) if id(v) not in local]
         broadcast_variables(variables, self.root_rank, process_set=self.process_set,
                             name="BroadcastGlobalVariablesCallback")
-        self.broadcast_done = True
+        self.broadcast_done, self._generation = True, _current_generation()
 
     def on_train_begin(self, logs=None):
+        if self.broadcast_done and self._generation != _current_generation():
+            # A re-formed elastic job: every member broadcasts once more, the newcomers
+            # (whose broadcast_done is False) included, so that nobody waits alone.
+            self.broadcast_done = False
         if not self.broadcast_done and self.model.built:
             self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.broadcast_done:
             self._broadcast()
+
+
+def _current_generation():
+    """The elastic job's current generation (None outside an elastic job)."""
+    return _elastic.membership().generation if _elastic.is_elastic() else None
 
 
 def _tf_variable_type():

@@ -5,6 +5,11 @@ the elastic callbacks. Each generation of the job splits the data among its rank
 shares, so every rank runs the same number of steps). ``--die W:E:B``: worker W kills
 itself (SIGKILL) right before batch B of epoch E, after every other callback of that
 batch, so that the survivors' failure comes from inside the compiled train step.
+``--grow-at E:B --grow-to H --hosts-file F --grow-size S``: before batch B of epoch E,
+while the job has fewer than S workers, rank 0 writes H to F (the discovery script's
+answer) and every rank commits every 0.1 s until the newcomer is there (the commit
+raises HostsUpdatedInterrupt then). ``--broadcast-callback`` adds Horovod's
+``BroadcastGlobalVariablesCallback(0)`` to the callbacks.
 
 Rank 0 of the last generation writes OUT/result.json: the per-epoch losses (with the
 size they ran at), the final ``state.epoch``, the sizes of the resets, and every
@@ -15,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -32,6 +38,11 @@ p.add_argument("--out", required=True)
 p.add_argument("--die", default="", metavar="W:E:B")
 p.add_argument("--epochs", type=int, default=4)
 p.add_argument("--batches-per-commit", type=int, default=2)
+p.add_argument("--grow-at", default="", metavar="E:B")
+p.add_argument("--grow-to", default="")
+p.add_argument("--hosts-file", default="")
+p.add_argument("--grow-size", type=int, default=0)
+p.add_argument("--broadcast-callback", action="store_true")
 args = p.parse_args()
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -73,9 +84,32 @@ class Die(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Grow(keras.callbacks.Callback):
+    def __init__(self, spec):
+        super().__init__()
+        self.at = tuple(int(i) for i in spec.split(":")) if spec else None
+        self.epoch = -1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self.epoch, batch) != self.at or hvd.size() >= args.grow_size:
+            return
+        if hvd.rank() == 0:
+            with open(args.hosts_file, "w") as f:
+                f.write(args.grow_to + "\n")
+        for _ in range(900):  # bounded: then the job goes on at this size
+            time.sleep(0.1)
+            state.commit()  # a collective: every rank raises HostsUpdatedInterrupt alike
+
+
 callbacks = [hvd.elastic.CommitStateCallback(state, batches_per_commit=args.batches_per_commit),
              hvd.elastic.UpdateBatchStateCallback(state),
-             hvd.elastic.UpdateEpochStateCallback(state), Record(), Die(args.die)]
+             hvd.elastic.UpdateEpochStateCallback(state), Record(), Grow(args.grow_at),
+             Die(args.die)]
+if args.broadcast_callback:
+    callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
 
 
 @hvd.elastic.run

@@ -52,3 +52,28 @@ def test_a_worker_killed_inside_fit_leaves_the_others_training(tmp_path):
     first, second = res["weights"]
     assert all(math.isfinite(w) for w in first)
     assert first == second
+
+
+def test_a_discovered_worker_joins_fit_and_training_goes_on_with_it(tmp_path):
+    # 2 workers; at batch 2 of epoch 1 the discovery script reports a third slot and the
+    # workers wait at their commits until the newcomer is there: all re-form as 3, the
+    # newcomer (optimizer never applied) gets rank 0's state, and the epoch runs again on
+    # 3. Horovod's BroadcastGlobalVariablesCallback is in the list too: the survivors
+    # broadcast with the newcomer in the re-formed job's first fit.
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    rc, log = sdlrun(["--min-np", "2", "--max-np", "3", "--host-discovery-script",
+                      f"cat {hosts}"],
+                     ["--grow-at", "1:2", "--grow-to", "localhost:3", "--grow-size", "3",
+                      "--hosts-file", str(hosts), "--broadcast-callback"], tmp_path)
+    assert rc == 0, log
+    with open(tmp_path / "result.json") as f:
+        res = json.load(f)
+    assert res["resets"] == [3] and res["size"] == 3, res
+    assert res["epoch"] == EPOCHS, res
+    assert [e for e, _, _ in res["losses"]] == list(range(EPOCHS)), res["losses"]
+    assert [s for _, _, s in res["losses"]] == [2] + [3] * (EPOCHS - 1), res["losses"]
+    losses = [loss for _, loss, _ in res["losses"]]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert len(res["weights"]) == 3 and all(math.isfinite(w) for w in res["weights"][0])
+    assert res["weights"][1] == res["weights"][0] == res["weights"][2]
