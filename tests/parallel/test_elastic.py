@@ -124,3 +124,16 @@ def test_elastic_refuses_mpi_and_impossible_sizes(tmp_path):
     assert rc == 2 and "--min-np 3 exceeds the 2 slots of localhost:2" in log, log
     rc, log, _ = sdlrun(["--min-np", "3", "--max-np", "2"], [], tmp_path)
     assert rc == 2 and "--max-np 2 is below --min-np 3" in log, log
+
+
+def test_a_blacklisted_host_comes_back_after_its_cooldown(tmp_path):
+    # The dead worker's host takes no new worker for 1 s; then a replacement starts there
+    # and joins, and the job is back to 3.
+    rc, log, _ = sdlrun(["-np", "3", "--min-np", "2", "--blacklist-cooldown-range", "1", "1"],
+                        ["--die", "2:step:5", "--grow-at", "5", "--grow-size", "3"], tmp_path)
+    assert rc == 0, log
+    assert "no new worker on localhost for 1 s" in log, log
+    res = result(tmp_path)
+    sizes = res["sizes"]
+    assert sizes[:5] == [3] * 5 and 2 in sizes and sizes[-1] == 3, sizes
+    check_training(res)
