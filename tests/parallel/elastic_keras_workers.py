@@ -27,8 +27,6 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
 import spark_dl.keras as hvd  # noqa: E402
 
 N, FEATURES, BATCH = 384, 8, 16
@@ -45,8 +43,15 @@ p.add_argument("--grow-size", type=int, default=0)
 p.add_argument("--broadcast-callback", action="store_true")
 args = p.parse_args()
 
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
+if keras.backend.backend() == "tensorflow":
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+else:
+    import torch
+
+    torch.set_num_threads(1)
 worker = os.environ["SDL_ELASTIC_WORKER_ID"]
 
 rng = np.random.default_rng(7)
