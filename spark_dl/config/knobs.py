@@ -60,6 +60,9 @@ LAUNCHER_INPUTS: Dict[str, str] = {
     "SDL_RANK": "this worker's rank (also SDL_SIZE, SDL_LOCAL_RANK, SDL_LOCAL_SIZE, "
                 "SDL_CROSS_RANK, SDL_CROSS_SIZE)",
     "SDL_SIZE": "the number of ranks",
+    "SDL_ELASTIC_WORKER_ID": "an elastic job's worker id (sdlrun --min-np, "
+                             "spark_dl.spark.run_elastic): init() then takes its rank from the "
+                             "launcher's current generation (docs/elastic.md)",
     "SDL_LOCAL_RANK": "the rank among the ranks on this host",
     "SDL_LOCAL_SIZE": "the number of ranks on this host",
     "SDL_CROSS_RANK": "the index of this host among the hosts",
