@@ -36,8 +36,8 @@ state current). Two things are TensorFlow's own:
 - A ``tf.function`` keeps what it read while it was traced. spark_dl's Average divides by
   the job's size when the op runs, so gradients stay correctly averaged after a reset;
   but a function traced while the job had one worker holds no allreduce at all, and
-  sparse (``IndexedSlices``) averages and ``register_local_source`` scaling use the size
-  of the trace. Re-create such functions in a reset callback
+  sparse (``IndexedSlices``) averages, ``register_local_source`` scaling, ``rank_op()``
+  and ``size_op()`` use the rank and size of the trace. Re-create such functions in a reset callback
   (``state.register_reset_callbacks``) when the size can reach 1 or they use those.
   :class:`TensorFlowKerasState` does that for the functions Keras compiles.
 """

@@ -86,7 +86,19 @@ class Die(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if (self.epoch, batch) == self.at:
+            with open(os.path.join(args.out, "died_at"), "w") as f:
+                f.write(repr(time.time()))
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Recovered(keras.callbacks.Callback):
+    """Notes when the first batch after the first reset ends (training again)."""
+
+    at = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if resets and Recovered.at is None:
+            Recovered.at = time.time()
 
 
 class Grow(keras.callbacks.Callback):
@@ -112,7 +124,7 @@ class Grow(keras.callbacks.Callback):
 callbacks = [hvd.elastic.CommitStateCallback(state, batches_per_commit=args.batches_per_commit),
              hvd.elastic.UpdateBatchStateCallback(state),
              hvd.elastic.UpdateEpochStateCallback(state), Record(), Grow(args.grow_at),
-             Die(args.die)]
+             Recovered(), Die(args.die)]
 if args.broadcast_callback:
     callbacks.insert(0, hvd.callbacks.BroadcastGlobalVariablesCallback(0))
 
@@ -131,6 +143,12 @@ weights = np.concatenate([w.ravel() for w in model.get_weights()]).tolist()
 gathered = hvd.allgather_object(weights, name="final_weights")
 print(f"worker {worker} done as rank {hvd.rank()} of {hvd.size()}", flush=True)
 if hvd.rank() == 0:
+    died = os.path.join(args.out, "died_at")
+    # Seconds from a worker's death to the end of the survivors' first batch after it.
+    recovery = None
+    if os.path.exists(died) and Recovered.at is not None:
+        with open(died) as f:
+            recovery = Recovered.at - float(f.read())
     with open(os.path.join(args.out, "result.json"), "w") as f:
         json.dump({"losses": state.losses, "epoch": state.epoch, "resets": resets,
-                   "size": hvd.size(), "weights": gathered}, f)
+                   "size": hvd.size(), "weights": gathered, "recovery_s": recovery}, f)
