@@ -225,9 +225,13 @@ def _at_exit():
 def shutdown():
     """Stops the runtime; pending operations fail with ShutdownError. Idempotent."""
     _core.shutdown()
-    from spark_dl.common import handles
+    from spark_dl.common import handles, ops
 
     handles._forget_all()
+    # Unnamed operations are numbered per kind and process set from 0 in every runtime:
+    # the ranks of a later init() (an elastic job's next generation, newcomers included)
+    # must number them alike.
+    ops._counters.clear()
 
 
 def is_initialized():

@@ -99,7 +99,8 @@ def run_training(**options):
                 state.sampler.record_batch(b, B)
                 state.history.append({"epoch": state.epoch,
                                       "rows": [s[b * B:(b + 1) * B] for s in shards]})
-                state.losses.append(float(hvd.allreduce(loss.detach(), name="loss")))
+                # Unnamed on purpose: newcomers and survivors must number unnamed ops alike.
+                state.losses.append(float(hvd.allreduce(loss.detach())))
                 state.sizes.append(hvd.size())
                 grown = o["grow_at"] >= 0 and len(state.history) >= o["grow_at"]
                 if grown and hvd.rank() == 0 and len(state.history) == o["grow_at"] \
