@@ -189,6 +189,7 @@ class _Worker:
         self.beat: Optional[bytes] = None
         self.beat_seen = time.monotonic()
         self.out_next = 0
+        self.partial = b""  # the end of its output after the last newline
 
 
 def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] = None,
@@ -305,10 +306,10 @@ class _Output:
         self.stderr.write(f"spark_dl.spark.run_elastic: {text}\n")
         self.stderr.flush()
 
-    def worker(self, wid: str, data: bytes) -> None:
-        text = data.decode("utf-8", errors="replace")
-        lines = text.splitlines(keepends=True)
-        self.stdout.write("".join(f"[{wid}]:{line}" for line in lines))
+    def worker(self, wid: str, lines: bytes) -> None:
+        """Writes whole lines of a worker's output, each prefixed ``[<worker id>]:``."""
+        text = lines.decode("utf-8", errors="replace")
+        self.stdout.write("".join(f"[{wid}]:{line}" for line in text.splitlines(True)))
         self.stdout.flush()
 
 
@@ -374,7 +375,7 @@ class _Supervisor:
                 continue
             rc = self.kv.get(SCOPE, f"exit/{wid}")
             if rc is not None:
-                self._forward(w)
+                self._forward(w, final=True)
                 self.auth.exited(wid, int(rc))
                 if int(rc) != 0:
                     self.out.log(f"worker {wid} on {state.host} failed with exit code "
@@ -389,15 +390,22 @@ class _Supervisor:
                              f"beating for {DEAD_AFTER_S:g} s: executor lost?); the others "
                              "go on")
 
-    def _forward(self, w: _Worker) -> None:
+    def _forward(self, w: _Worker, final: bool = False) -> None:
+        """Writes what arrived of ``w``'s output, whole lines only (pieces are cut where
+        the pipe was read); ``final``: the rest too (the worker ended)."""
+        data = w.partial
         while True:
             key = f"out/{w.wid}/{w.out_next}"
             chunk = self.kv.get(SCOPE, key)
             if chunk is None:
-                return
+                break
             self.kv.delete(SCOPE, key)
             w.out_next += 1
-            self.out.worker(w.wid, chunk)
+            data += chunk
+        cut = len(data) if final else data.rfind(b"\n") + 1
+        if cut:
+            self.out.worker(w.wid, data[:cut])
+        w.partial = data[cut:]
 
     def _results(self) -> List[Any]:
         values = []

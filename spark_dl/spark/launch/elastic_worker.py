@@ -13,37 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import threading
 import traceback
 
 from spark_dl.common.elastic import SCOPE, WORKER_VAR
-
-
-def _read_secret() -> str:
-    data = bytearray()
-    while not data.endswith(b"\n") and len(data) < 1024:
-        chunk = os.read(0, 1)  # byte by byte: nothing after the line is consumed
-        if not chunk:
-            break
-        data += chunk
-    if not data.endswith(b"\n"):
-        raise SystemExit("spark_dl elastic worker: no secret on stdin (this program is started "
-                         "by a task of spark_dl.spark.run_elastic)")
-    return data.decode("ascii").strip()
-
-
-def _watch_stdin() -> None:
-    def watch() -> None:
-        try:
-            while os.read(0, 4096):
-                pass
-        except OSError:
-            pass
-        os.killpg(os.getpgrp(), signal.SIGKILL)  # the task is gone: so is its worker
-
-    threading.Thread(target=watch, name="sdl-stdin-watch", daemon=True).start()
+# The same secret line and the same end-of-stdin rule as spark.run's workers.
+from spark_dl.spark.launch.task.worker import _read_secret, _watch_stdin
 
 
 def main() -> int:
