@@ -31,9 +31,13 @@ so the workers write their time-stamped events (elastic.py's ``Events``) to file
 shared temporary directory; the caller's log lines are stamped as they arrive. Stages,
 each when the last of the two survivors reached it: the caller's report of the death, the
 error caught (``restore()``), generation 1 published and joined, the state synced, rank
-0's first step; and, after the recovery, when the retried task's worker joined (the
-generation after 1). Every job runs under a timeout (``--timeout``: the Spark jobs are
-cancelled).
+0's first step; and, after the recovery, when the retried task's worker started and
+when it joined (the generation after 1). When it joins, the survivors stop until it has
+synced (it imports torch and builds the model after its ``init()``): the report gives
+that pause, the gap between rank 0's last step on 2 and its first on 3 (compare it with
+the step time). With the default fast steps the job mostly ends before the retry joins;
+``--step-sleep`` makes it last. Every job runs under a timeout (``--timeout``: the Spark
+jobs are cancelled).
 """
 
 import argparse
@@ -58,6 +62,7 @@ VICTIM = f"{NP - 1}.0"  # task 2's first attempt
 # The caller's lines stamped on arrival: (part name, text in the line).
 CALLER_MARKS = (("caller saw death", "the others go on"),
                 ("generation published", "generation 1:"),
+                ("retried task started", f"worker {NP - 1}.1 started"),
                 ("retried task joined", "generation 2:"))
 # The survivors' stages, in order (each when the last survivor reached it).
 STAGES = (("error caught", "error"), ("generation joined", "joined"),
@@ -223,7 +228,8 @@ def run_job(spark, death, args):
     try:
         run_elastic(spark_worker, args=(opts,), num_proc=NP, min_num_proc=NP - 1,
                     start_timeout=args.timeout, elastic_timeout=args.timeout,
-                    env={"SDL_SHM": "0" if args.gloo else "1"}, stdout=stdout, stderr=err)
+                    env={"SDL_SHM": "0" if args.gloo else "1"}, stdout=stdout, stderr=err,
+                    verbose=2)
         return measure(out, err.lines, err.text() + stdout.text()[-3000:])
     except Exception as e:
         late = " (timed out: jobs cancelled)" if time.monotonic() - started >= args.timeout \
@@ -232,7 +238,9 @@ def run_job(spark, death, args):
                            f"{stdout.text()[-3000:]}") from e
     finally:
         timer.cancel()
-        if args.keep:
+        if args.keep:  # the caller's lines too, stamped
+            with open(os.path.join(out, "caller.log"), "w") as f:
+                f.writelines(f"{t:.3f} {line}\n" for t, line in err.lines + stdout.lines)
             print(f"  kept {out}", file=sys.stderr)
         else:
             shutil.rmtree(out, ignore_errors=True)
@@ -242,7 +250,9 @@ def measure(out, stamped, log):
     with open(os.path.join(out, "death")) as f:
         death = float(f.read())
     events = E._events(out)
-    survivors = {e["file"] for e in events if e["attempt"] == 0}
+    # The survivors: the workers that were there before the death, less the victim (the
+    # retried task's worker starts after it, and syncs only when it joins).
+    survivors = {e["file"] for e in events if e["t"] < death}
     survivors.discard(f"events-w{VICTIM}.jsonl")
     steps = [e for e in events if e["event"] == "step" and e["rank"] == 0
              and e["size"] == NP - 1 and e["t"] >= death]
@@ -262,7 +272,14 @@ def measure(out, stamped, log):
     before = sorted(e["t"] for e in events
                     if e["event"] == "step" and e["attempt"] == 0 and e["rank"] == 0)
     gaps = [b - a for a, b in zip(before, before[1:])]
+    # When the retried task's worker joins, the survivors stop training until it has
+    # synced: the gap between rank 0's last step of the job of 2 and its first of the job
+    # of 3 (None: the job ended first).
+    grown = [e["t"] for e in events if e["event"] == "step" and e["rank"] == 0
+             and e["size"] == NP and e["t"] > death]
+    pause = min(grown) - max(e["t"] for e in steps) if grown else None
     return {"recovery": first["t"] - death, "parts": parts, "resumed_at_step": first["step"],
+            "join_pause": pause,
             "step_time": statistics.median(gaps) if gaps else None,
             "sizes": sorted({e["size"] for e in events if e["event"] == "step"})}
 
@@ -280,10 +297,14 @@ def report(args, results):
     rows = []
     for death, rs in results.items():
         step = [r["step_time"] for r in rs if r["step_time"]]
+        pauses = [r["join_pause"] for r in rs if r.get("join_pause") is not None]
         rows.append([LABELS[death], E.fmt([r["recovery"] for r in rs]),
-                     f"{statistics.median(step) * 1e3:.1f} ms" if step else "-"])
+                     f"{statistics.median(step) * 1e3:.1f} ms" if step else "-",
+                     f"{E.fmt(pauses)} ({len(pauses)} of {len(rs)} jobs)" if pauses else
+                     "- (the jobs ended first)"])
     print(H.markdown_table(["death", "death -> training again on 2: median (min-max)",
-                            "step before the death (median)"], rows))
+                            "step before the death (median)",
+                            "training paused while the retry joined"], rows))
     print()
     for death, rs in results.items():
         med = statistics.median(r["recovery"] for r in rs)
