@@ -274,9 +274,10 @@ def measure(out, stamped, log):
     gaps = [b - a for a, b in zip(before, before[1:])]
     # When the retried task's worker joins, the survivors stop training until it has
     # synced: the gap between rank 0's last step of the job of 2 and its first of the job
-    # of 3 (None: the job ended first).
+    # of 3 (None: the job ended first). After the first step on 2: a survivor may note its
+    # last step on 3 a moment after the victim wrote the time of its death.
     grown = [e["t"] for e in events if e["event"] == "step" and e["rank"] == 0
-             and e["size"] == NP and e["t"] > death]
+             and e["size"] == NP and e["t"] > first["t"]]
     pause = min(grown) - max(e["t"] for e in steps) if grown else None
     return {"recovery": first["t"] - death, "parts": parts, "resumed_at_step": first["step"],
             "join_pause": pause,
