@@ -123,3 +123,25 @@ def test_the_executor_probe_runs_through_connect(connect_spark, monkeypatch):
     monkeypatch.setenv("PYSPARK_PYTHON", "/elsewhere/python3")  # not known to be ours
     with pytest.raises(ExecutorPythonError, match="No module named 'no_such_module_here'"):
         executor_probe.check_executor_python_for_session(connect_spark, 120, tasks=2)
+
+
+def test_run_elastic_through_connect(connect_spark):
+    """``run_elastic`` under Spark Connect (a mapInArrow of ordinary tasks; the caller,
+    reachable here, is the membership authority): a worker dies, the other finishes."""
+    import os
+
+    from spark_dl.spark import run_elastic
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "parallel"))
+    import elastic_training
+
+    cloudpickle.register_pickle_by_value(elastic_training)
+    err = io.StringIO()
+    results = run_elastic(elastic_training.run_training, kwargs={"die": ["1.0:step:4"]},
+                          num_proc=2, min_num_proc=1, stdout=io.StringIO(), stderr=err)
+    assert len(results) == 1, results
+    res = results[0]
+    assert res["sizes"][:4] == [2] * 4 and set(res["sizes"][4:]) == {1}, res["sizes"]
+    elastic_training.check_training(res)
+    assert "generation 1: 1 workers" in err.getvalue(), err.getvalue()
