@@ -1,6 +1,7 @@
-"""``spark_dl.spark.run_elastic`` on ``local-cluster[3,1,1024]``: an executor's JVM is
-killed mid-training; Spark retries its task on the executor that replaces it, and that
-new worker joins the job (docs/elastic.md)."""
+"""``spark_dl.spark.run_elastic`` on ``local-cluster[4,1,1024]`` with dynamic allocation
+between 3 and 4 executors (docs/elastic.md): an executor's JVM is killed mid-training and
+Spark retries its task on the executor that replaces it, whose new worker joins; a job of
+more tasks than executors grows when dynamic allocation adds the fourth."""
 
 import io
 import os
@@ -26,9 +27,31 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def spark():
-    session = spark_session("local-cluster[3,1,1024]", **{"spark.executor.memory": "700m"})
+    session = spark_session("local-cluster[4,1,1024]", **{
+        "spark.executor.memory": "700m", "spark.dynamicAllocation.enabled": "true",
+        "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.minExecutors": "3",
+        "spark.dynamicAllocation.initialExecutors": "3",
+        "spark.dynamicAllocation.maxExecutors": "4",
+        "spark.dynamicAllocation.schedulerBacklogTimeout": "1s"})
     yield session
     session.stop()
+
+
+def test_an_executor_added_by_dynamic_allocation_is_used(spark):
+    # 4 tasks, 3 executors: the fourth task waits until dynamic allocation adds an
+    # executor; its worker then joins, and the job grows from 3 to 4.
+    err = io.StringIO()
+    results = run_elastic(
+        elastic_training.run_training,
+        kwargs={"grow_at": 0, "grow_size": 4, "grow_sleep": 0.5},
+        num_proc=3, min_num_proc=2, max_num_proc=4, stdout=io.StringIO(), stderr=err)
+    res = next(r for r in results if r is not None)
+    sizes = res["sizes"]
+    assert sizes[-1] == 4 and sorted(sizes) == sizes, sizes  # 3 first, unless it came soon
+    assert len(results) == 4
+    elastic_training.check_training(res)
+    assert_no_workers_left()
 
 
 def test_lost_executor_is_replaced_and_its_new_worker_joins(spark):
