@@ -29,6 +29,7 @@ import copy
 import functools
 import json
 import os
+import sys
 import time
 from typing import Callable, Dict, List, Mapping, Optional
 
@@ -114,6 +115,11 @@ class Membership:
                                                      timeout=min(left, 5.0)))
             except TimeoutError:
                 continue
+            if record.get("finished"):
+                # The job ended well before a generation took this worker: nothing to do.
+                print(f"spark_dl: elastic worker {self.worker}: {record['end']}; it was not "
+                      "needed", file=sys.stderr, flush=True)
+                raise SystemExit(0)
             if record.get("end"):
                 raise PeerFailureError(f"elastic worker {self.worker}: the launcher ended the "
                                        f"job: {record['end']}")

@@ -48,6 +48,9 @@ from spark_dl.runner.output import forwarder_for
 from spark_dl.runner.workers import Stopper, WorkerGroup, exit_code
 
 DISCOVERY_INTERVAL_S = 1.0
+# Once the last generation's members are done: how long workers that never joined may take
+# to see that the job finished and exit.
+FINISH_GRACE_S = 30.0
 _POLL_S = 0.05
 
 
@@ -314,10 +317,15 @@ class MembershipAuthority:
                 f"{self._opt.timeout:g} s (--elastic-timeout / SDL_ELASTIC_TIMEOUT): ending "
                 "the job")
 
-    def end(self, reason: str) -> None:
-        """Tells workers waiting for a generation that none will come."""
+    def end(self, reason: str, finished: bool = False) -> None:
+        """Tells workers waiting for a generation that none will come: the job failed
+        (they raise), or it ``finished`` (they exit 0)."""
         self._kv.put(SCOPE, generation_key(self.current.number + 1),
-                     json.dumps({"end": reason}).encode())
+                     json.dumps({"end": reason, "finished": finished}).encode())
+
+    def members_done(self) -> bool:
+        """True once the job is finishing and no member of its last generation runs."""
+        return self.finishing and not any(self.workers[m].alive for m in self.current.members)
 
 
 def run_elastic(command: Sequence[str], hosts: Sequence[HostSlots], options: LaunchOptions,
@@ -383,6 +391,7 @@ class _ElasticJob:
         self._top_up(hosts)
         next_discovery = time.monotonic() + DISCOVERY_INTERVAL_S
         signals_seen = 0
+        finished_at = None
         while True:
             ended = group.next_exit(_POLL_S)
             if ended is not None:
@@ -400,6 +409,13 @@ class _ElasticJob:
                 return group.stop_all(code)
             if not auth.live():
                 return self._result()
+            if auth.members_done():
+                if finished_at is None:
+                    # Workers still waiting to join (a late replacement) exit 0 on this.
+                    finished_at = time.monotonic()
+                    auth.end("the job finished", finished=True)
+                elif time.monotonic() - finished_at > FINISH_GRACE_S:
+                    return group.stop_all(self._result())
             error, leaving = auth.step()
             if error is not None:
                 self.first_error = (error, 1)
@@ -425,7 +441,7 @@ class _ElasticJob:
             if self.opt.verbose or wid in self.stopped_by_us:
                 self.group.log(f"worker {wid} on {worker.host} ended ({what})")
             return
-        if auth.finishing:
+        if auth.finishing and wid in auth.current.members:
             if self.first_error is None:
                 self.first_error = (f"worker {wid} on {worker.host} failed with {what} while "
                                     "the job was finishing", exit_code(rc))

@@ -61,21 +61,36 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     Record progress with :meth:`record_batch` (every rank's indices of that batch are
     marked, as every rank computes them the same way) or :meth:`record_indices`; a
-    :class:`TorchState` holding the sampler commits, restores and syncs it. When the
-    samples left are not a multiple of the number of ranks, the last ones are padded by
-    repeating the first (at most ``size() - 1`` samples drawn twice per split, as torch's
-    ``DistributedSampler`` does), so that every rank runs the same number of steps.
+    :class:`TorchState` holding the sampler commits, restores and syncs it.
+
+    Two ways to use it; every rank runs the same number of steps in both:
+
+    - ``DataLoader(dataset, batch_size=B, sampler=ElasticSampler(dataset))`` (Horovod's):
+      it yields indices. When the rows left are not a multiple of the number of ranks,
+      the last ones are padded by repeating the first (at most ``size() - 1`` rows drawn
+      twice per split, as torch's ``DistributedSampler`` does).
+    - ``DataLoader(dataset, batch_sampler=ElasticSampler(dataset, batch_size=B))``: it
+      yields batches, every row exactly once per epoch. The ranks' shares differ by one
+      row at most, and a rank with fewer rows gets a smaller last batch (or two) so that
+      the number of batches is equal. Only when fewer rows are left than that needs
+      (fewer than ranks, near the end of an epoch) does it pad as above.
 
     Args:
         dataset: anything with ``len()``.
         shuffle: a new permutation per epoch (seeded by ``seed + epoch``).
         seed: the permutation's seed; the same on every rank.
+        batch_size: yield batches of at most this many rows (a batch sampler), each row
+            once per epoch; None: yield indices.
     """
 
-    def __init__(self, dataset, shuffle: bool = True, seed: int = 0):
+    def __init__(self, dataset, shuffle: bool = True, seed: int = 0,
+                 batch_size: Optional[int] = None):
+        if batch_size is not None and int(batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.dataset = dataset
         self.shuffle = shuffle
         self.seed = seed
+        self.batch_size = None if batch_size is None else int(batch_size)
         self.epoch = 0
         self.processed_indices: set = set()
         self.reset()
@@ -87,10 +102,18 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Marks batch ``batch_idx`` (of ``batch_size``) of every rank as processed."""
-        start, stop = batch_idx * batch_size, (batch_idx + 1) * batch_size
-        for shard in self._shards:
-            self.processed_indices.update(shard[start:stop])
+        """Marks batch ``batch_idx`` of every rank as processed (``batch_size`` is the
+        DataLoader's; with a ``batch_size`` of the sampler's own, its batches count)."""
+        for rank in range(self.num_replicas):
+            self.processed_indices.update(self.batch(rank, batch_idx, batch_size))
+
+    def batch(self, rank: int, batch_idx: int, batch_size: Optional[int] = None) -> List[int]:
+        """The indices of batch ``batch_idx`` of ``rank`` in the current split."""
+        if self._batches is not None:
+            plan = self._batches[rank]
+            return plan[batch_idx] if batch_idx < len(plan) else []
+        start = batch_idx * batch_size
+        return self._shards[rank][start:start + batch_size]
 
     def record_indices(self, indices) -> None:
         """Marks ``indices`` (this rank's, or any) as processed."""
@@ -115,16 +138,49 @@ class ElasticSampler(torch.utils.data.Sampler):
         size = basics.size() if basics.is_initialized() else 1
         rank = basics.rank() if basics.is_initialized() else 0
         self.num_replicas, self.rank = size, rank
-        self.num_samples = math.ceil(len(remaining) / size) if remaining else 0
-        padded = remaining + remaining[:self.num_samples * size - len(remaining)]
-        self._shards: List[List[int]] = [padded[r::size] for r in range(size)]
         self.remaining_indices = remaining
+        self._batches: Optional[List[List[List[int]]]] = None
+        B, n = self.batch_size, len(remaining)
+        steps = -(-(-(-n // size)) // B) if B else 0  # batches of the largest share
+        if B and n // size >= steps:
+            # Exactly once: shares differing by one row at most, the same number of
+            # batches each (rows taken from a share's last batches, each kept >= 1 row).
+            shares = [remaining[r * n // size:(r + 1) * n // size] for r in range(size)]
+            self._batches = [_equal_batches(share, B, steps) for share in shares]
+            self._shards = shares
+            self.num_samples = max(len(share) for share in shares)
+            return
+        self.num_samples = math.ceil(n / size) if remaining else 0
+        padded = remaining + remaining[:self.num_samples * size - n]
+        self._shards: List[List[int]] = [padded[r::size] for r in range(size)]
+        if B:
+            self._batches = [[shard[i:i + B] for i in range(0, len(shard), B)]
+                             for shard in self._shards]
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator:
+        if self._batches is not None:
+            return iter(self._batches[self.rank])
         return iter(self._shards[self.rank])
 
     def __len__(self) -> int:
-        return self.num_samples
+        return len(self._batches[self.rank]) if self._batches is not None else self.num_samples
+
+
+def _equal_batches(rows: List[int], batch_size: int, steps: int) -> List[List[int]]:
+    """``rows`` cut into ``steps`` batches of at most ``batch_size`` (len(rows) >= steps)."""
+    sizes = [batch_size] * steps
+    short = steps * batch_size - len(rows)
+    k = steps - 1
+    while short > 0:
+        take = min(short, sizes[k] - 1)
+        sizes[k] -= take
+        short -= take
+        k -= 1
+    out, start = [], 0
+    for size in sizes:
+        out.append(rows[start:start + size])
+        start += size
+    return out
 
 
 class TorchState(ObjectState):

@@ -152,6 +152,12 @@ def test_membership_joins_the_generation_that_lists_it_and_reads_the_flag(server
     server.put(SCOPE, generation_key(2), json.dumps({"end": "the job ended"}).encode())
     with pytest.raises(Exception, match="the launcher ended the job: the job ended"):
         member.join()
+    late = Membership(client, "8", timeout=5)  # the job finished before it joined: exit 0
+    server.put(SCOPE, generation_key(0), json.dumps(
+        {"end": "the job finished", "finished": True}).encode())
+    with pytest.raises(SystemExit) as info:
+        late.join()
+    assert info.value.code == 0
 
 
 def test_blacklist_cools_down():

@@ -24,6 +24,29 @@ def test_sampler_splits_what_is_left_among_the_ranks(monkeypatch):
     assert sampler.processed_indices == set() and len(sampler) == 5
 
 
+def test_batch_plan_uses_every_row_once_with_equal_steps(monkeypatch):
+    monkeypatch.setattr(basics, "is_initialized", lambda: True)
+    monkeypatch.setattr(basics, "size", lambda: 3)
+    monkeypatch.setattr(basics, "rank", lambda: 0)
+    sampler = hvd.elastic.ElasticSampler(range(10), shuffle=False, batch_size=2)
+    plans = [[sampler.batch(r, b) for b in range(len(sampler))] for r in range(3)]
+    assert plans == [[[0, 1], [2]], [[3, 4], [5]], [[6, 7], [8, 9]]]
+    assert list(sampler) == plans[0]
+    sampler.record_batch(0, 2)
+    monkeypatch.setattr(basics, "size", lambda: 2)
+    sampler.reset()  # 4 rows left, 2 ranks: no padding
+    assert sorted(sampler.remaining_indices) == [2, 5, 8, 9]
+    assert [sampler.batch(r, 0) for r in range(2)] == [[2, 5], [8, 9]]
+    # Fewer rows left than ranks: the one case that pads (as without batch_size).
+    sampler.record_indices([2, 5, 8])
+    sampler.reset()
+    assert [sampler.batch(r, 0) for r in range(2)] == [[9], [9]]
+    loader = torch.utils.data.DataLoader(list(range(10)), batch_sampler=sampler)
+    assert [b.tolist() for b in loader] == [[9]]
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        hvd.elastic.ElasticSampler(range(3), batch_size=0)
+
+
 def test_shuffled_order_depends_on_seed_and_epoch_only():
     a = hvd.elastic.ElasticSampler(range(50), seed=4)
     b = hvd.elastic.ElasticSampler(range(50), seed=4)

@@ -331,9 +331,9 @@ class _Supervisor:
         while True:
             self._discover()
             self._watch()
-            if self.auth.finishing and not any(
-                    w.alive for w in self.auth.workers.values()
-                    if w.wid in self.auth.current.members):
+            if self.auth.members_done():
+                # Workers still waiting to join (a late retry) exit 0 on this.
+                self.auth.end("the job finished", finished=True)
                 return self._results()
             error, _ = self.auth.step()
             if error is not None:

@@ -32,6 +32,13 @@ def main() -> int:
     fn, args, kwargs = pickling.pickler().loads(kv.get(SCOPE, "code"))
     try:
         result = fn(*args, **kwargs)
+    except SystemExit as exc:
+        if not exc.code:  # e.g. the job finished before a generation took this worker
+            return 0
+        text = f"SystemExit({exc.code!r})"
+        kv.set(SCOPE, f"error/{wid}", json.dumps({"summary": text, "traceback": text})
+               .encode())
+        return 1
     except BaseException as exc:  # reported to the caller, then the exit code says it
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         sys.stderr.write(text)
