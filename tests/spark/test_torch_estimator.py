@@ -455,7 +455,8 @@ def test_params_table_accessors_copy_and_signature():
                                            "transformation_edit_fields",
                                            "transformation_removed_fields",
                                            "mlflow", "mlflow_tracking_uri",
-                                           "mlflow_experiment"}
+                                           "mlflow_experiment", "elastic", "min_num_proc",
+                                           "max_num_proc"}
     assert names == horovod
     assert {p.name for p in est.params} == horovod
     assert "batch_size: rows per training batch" in est.explainParams()
