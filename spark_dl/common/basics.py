@@ -37,6 +37,7 @@ _rendezvous = {}  # kept from the first init; the secret is then removed from os
 _atexit_registered = False
 _homogeneous = True
 _controller = ""  # "gloo" or "mpi" once initialized
+_inits = 0  # runtimes started by this process
 
 
 class _StoreAdapter:
@@ -142,7 +143,7 @@ def init(comm=None, process_sets=None, **knobs):
         InvalidArgumentError: inconsistent environment or unknown knob.
         PeerFailureError: the other ranks could not be reached in time.
     """
-    global _atexit_registered, _homogeneous, _controller
+    global _atexit_registered, _homogeneous, _controller, _inits
     from spark_dl.common import process_sets as ps_module
 
     environ = os.environ
@@ -185,6 +186,7 @@ def init(comm=None, process_sets=None, **knobs):
     except _core.CoreError as e:
         raise_from_core(e)
     if started:
+        _inits += 1
         _controller = "mpi" if use_mpi else "gloo"
         t = _core.topology()
         _homogeneous = t["size"] % t["local_size"] == 0
@@ -225,13 +227,15 @@ def _at_exit():
 def shutdown():
     """Stops the runtime; pending operations fail with ShutdownError. Idempotent."""
     _core.shutdown()
-    from spark_dl.common import handles, ops
+    from spark_dl.common import handles
 
     handles._forget_all()
-    # Unnamed operations are numbered per kind and process set from 0 in every runtime:
-    # the ranks of a later init() (an elastic job's next generation, newcomers included)
-    # must number them alike.
-    ops._counters.clear()
+
+
+def init_serial():
+    """How many times this process started the runtime (unnamed operations are numbered
+    afresh in each: see :func:`spark_dl.common.ops.auto_name`)."""
+    return _inits
 
 
 def is_initialized():

@@ -15,6 +15,7 @@ import operator
 
 import numpy as np
 
+from spark_dl.common import basics as _basics
 from spark_dl.common.native import core as _core
 from spark_dl.common.basics import rank as _global_rank
 from spark_dl.common.basics import size as _global_size
@@ -39,6 +40,7 @@ OP = _core.OP_TYPES
 # The core's dtype codes by name ('float32': ...), for submit_many's dtypes.
 DTYPES = _core.DTYPES
 _counters = collections.defaultdict(itertools.count)
+_counted_in = 0  # the runtime (init_serial) the counters belong to
 
 
 def resolve_op(average, op, default=Average):
@@ -176,6 +178,12 @@ def auto_name(kind, process_set_id=0):
     member that calls the same unnamed operations on that set in the same order
     (ranks outside a set do not fall out of step with its members).
     """
+    global _counted_in
+    if _counted_in != _basics.init_serial():
+        # Numbered from 0 in every runtime: the ranks of a later init() (an elastic job's
+        # next generation, newcomers included) must number them alike.
+        _counters.clear()
+        _counted_in = _basics.init_serial()
     n = next(_counters[(kind, process_set_id)])
     return f"{kind}.noname.{n}" if process_set_id == 0 else f"{kind}.ps{process_set_id}.noname.{n}"
 

@@ -91,6 +91,7 @@ class ElasticTaskMain:
 
     def _run(self):
         import os
+        import signal
         import socket
         import subprocess
         import threading
@@ -132,6 +133,11 @@ class ElasticTaskMain:
             while not stop.wait(BEAT_S):
                 try:
                     kv.set(SCOPE, f"alive/{wid}", str(time.time()).encode())
+                    if _is_done(kv):
+                        # The job ended (its members are done): a worker still running was
+                        # not needed (e.g. a retry still starting); end it now.
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        return
                 except Exception:
                     pass  # the caller is gone: the worker's own waits are bounded
 
