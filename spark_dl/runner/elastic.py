@@ -251,11 +251,12 @@ class MembershipAuthority:
         now = time.monotonic()
         live = self.live()
         members = set(self.current.members)
-        ready = [w for w in live if self._ready(w) and not w.leaving]
+        waiting = {w.wid for w in live if self._ready(w)}  # one read per worker and step
+        ready = [w for w in live if w.wid in waiting and not w.leaving]
         if self.current.number < 0:
             return self._first(live, ready, now), []
-        broken = any(not self.workers[m].alive or self.workers[m].leaving
-                     or self._ready(self.workers[m]) for m in members)
+        broken = any(not self.workers[m].alive or self.workers[m].leaving or m in waiting
+                     for m in members)
         newcomers = [w for w in ready if w.wid not in members]
         room = self._opt.max_np is None or len(members) < self._opt.max_np
         if not broken and not (newcomers and room):
@@ -265,9 +266,9 @@ class MembershipAuthority:
             self._reform_since = now
             self._kv.put(SCOPE, update_key(self.current.number), b"1")
         # Leaving workers go once they stopped training (they wait for a generation).
-        leaving = [w.wid for w in live if w.leaving and self._ready(w)]
+        leaving = [w.wid for w in live if w.leaving and w.wid in waiting]
         waiting_for = [m for m in members if self.workers[m].alive
-                       and not self.workers[m].leaving and not self._ready(self.workers[m])]
+                       and not self.workers[m].leaving and m not in waiting]
         if waiting_for and now - self._reform_since < self._settle:
             return None, leaving
         error = self._form(ready, now)
