@@ -31,6 +31,30 @@ def s3_endpoint():
 
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_spark_settings_from_earlier_modules():
+    """Clears the ``spark.*`` JVM system properties a stopped session left behind.
+
+    pyspark hands a session's settings to its JVM as system properties, and every later
+    SparkConf in that JVM loads them: a module that used GPU task resources on
+    ``local-cluster`` made a later module's ``local[2]`` session wait forever for GPUs
+    (--dist loadfile runs many modules in one process). No-op where no JVM was started or
+    a session still runs."""
+    import sys
+
+    pyspark = sys.modules.get("pyspark")
+    if pyspark is not None:
+        from pyspark import SparkContext
+
+        gateway = SparkContext._gateway
+        if gateway is not None and SparkContext._active_spark_context is None:
+            props = gateway.jvm.java.lang.System.getProperties()
+            for key in list(props.stringPropertyNames().toArray()):
+                if str(key).startswith("spark."):
+                    props.remove(key)
+    yield
+
+
 # --- pytest-xdist (scripts/test.sh runs `pytest -n 2 --dist loadfile`) ----------------------
 # With --dist loadfile a whole scheduling group runs on one worker, in order; the groups here:
 # - a module: its module-scoped fixtures (a Spark session, hosts, a rank world) and its

@@ -155,6 +155,27 @@ def _parent(pid):
         return int(re.sub(r"^.*\) ", "", f.read()).split()[1])
 
 
+FAILURE_STAMP = "failing at wall time "
+
+
+def stamp_failure():
+    """Writes the wall time of the failure to stderr, so a test bounds the time from the
+    failure to the end of ``run()`` (not the job's start-up, which a loaded CI machine
+    stretches)."""
+    import sys
+
+    print(f"{FAILURE_STAMP}{time.time():.3f}", file=sys.stderr, flush=True)
+
+
+def assert_ended_soon_after_failure(err_text, bound_s=None):
+    """The failure stamped by :func:`stamp_failure` ended ``run()`` within ``bound_s``."""
+    bound_s = FAILURE_BOUND_S if bound_s is None else bound_s
+    stamps = re.findall(re.escape(FAILURE_STAMP) + r"([\d.]+)", err_text)
+    assert stamps, f"the failing rank stamped no failure time on stderr:\n{err_text[-2000:]}"
+    took = time.time() - float(stamps[0])
+    assert took < bound_s, f"run() ended {took:.1f} s after the failure (bound {bound_s} s)"
+
+
 def raise_on_rank_1():
     import time
 
@@ -162,6 +183,7 @@ def raise_on_rank_1():
 
     sdl.init()
     if sdl.rank() == 1:
+        stamp_failure()
         raise ValueError("boom from rank 1")
     time.sleep(120)  # stopped by run(), long before this ends
 
@@ -176,6 +198,7 @@ def sigkill_rank_1():
 
     sdl.init()
     if sdl.rank() == 1:
+        stamp_failure()
         os.kill(os.getpid(), signal.SIGKILL)
     sdl.allreduce(np.ones(4), op=sdl.Sum)  # fails: rank 1 is gone
     time.sleep(120)
@@ -209,17 +232,20 @@ def stall_rank_1(folder):
 # ---- checks shared by the Gloo and MPI tests (run on the driver) ---------------------
 
 def expect_worker_failure(fn, **run_kwargs):
-    """Runs ``fn`` through ``spark_dl.spark.run``; returns the WorkerFailedError it must
-    raise within :data:`FAILURE_BOUND_S`."""
+    """Runs ``fn`` (a function that calls :func:`stamp_failure`) through
+    ``spark_dl.spark.run``; returns the WorkerFailedError it must raise within
+    :data:`FAILURE_BOUND_S` of the failure."""
     import pytest
 
     from spark_dl.spark import run
     from spark_dl.spark.launch.errors import WorkerFailedError
 
-    start = time.monotonic()
+    import io
+
+    err = run_kwargs.setdefault("stderr", io.StringIO())
     with pytest.raises(WorkerFailedError) as info:
         run(fn, **run_kwargs)
-    assert time.monotonic() - start < FAILURE_BOUND_S
+    assert_ended_soon_after_failure(err.getvalue())
     return info.value
 
 

@@ -24,8 +24,9 @@ from spark_dl.rendezvous.frames import HEADER_BYTES, seal_frame
 from spark_dl.rendezvous.secret import make_secret
 from spark_dl.spark.launch.driver.plan import plan_ranks
 from spark_dl.spark.launch.driver.service import DriverService, Registration
-from spark_dl.spark.launch.driver.slots import configured_slots
-from spark_dl.spark.launch.errors import MpiNotBuiltError, StartTimeoutError
+from spark_dl.spark.launch.driver.slots import _check_local_task_resources, configured_slots
+from spark_dl.spark.launch.errors import (MpiNotBuiltError, NotEnoughSlotsError,
+                                          StartTimeoutError)
 from spark_dl.spark.launch.launcher import GlooLauncher
 from spark_dl.spark.launch.service import (ServiceClient, ServiceError, ServiceServer,
                                            request_context, response_context)
@@ -407,6 +408,17 @@ def test_configured_slots():
     assert configured_slots("yarn", {**gpus, "spark.dynamicAllocation.enabled": "true"}) is None
 
 
+def test_local_master_with_task_resources_is_refused_at_once():
+    """Spark's local mode never schedules a task that asks for a custom resource (found
+    when a GPU setting leaked into a local[2] session and its job waited forever)."""
+    with pytest.raises(NotEnoughSlotsError,
+                       match=r"spark.task.resource.gpu.amount=1 is set, but Spark's local mode"):
+        _check_local_task_resources("local[2]", {"spark.task.resource.gpu.amount": "1"})
+    _check_local_task_resources("local[2]", {"spark.task.resource.gpu.amount": "0"})
+    _check_local_task_resources("local-cluster[2,1,1024]",
+                                {"spark.task.resource.gpu.amount": "1"})
+
+
 def test_addresses_services_bind():
     from spark_dl.spark.launch.network import (driver_addresses, host_hash, interface_addresses,
                                                task_bind_addresses)
@@ -486,6 +498,9 @@ def test_slot_check_under_connect_uses_the_configuration():
         check_slots(_connect_session("local[2]", {}), 3, wait_s=30)
     check_slots(_connect_session("spark://m:7077", cluster), 4, wait_s=30)
     check_slots(_connect_session("", {}), 64, wait_s=30)  # serverless: nothing said
+    with pytest.raises(NotEnoughSlotsError, match="local mode .* no custom resources"):
+        check_slots(_connect_session("local[2]", {"spark.task.resource.gpu.amount": "1"}), 1,
+                    wait_s=30)
 
 
 def test_slot_check_fails_fast_or_waits_for_promised_executors():

@@ -15,6 +15,10 @@ executors are still coming. So ``run`` checks first:
 
 Under Spark Connect the registered executors cannot be asked from the client: only the
 configuration's promise is checked (too small -> the same clear error).
+
+Spark's local mode offers its tasks no custom resources: with a task resource amount set
+(``spark.task.resource.gpu.amount``) every task waits forever, and
+``maxNumConcurrentTasks`` still counts the cores. ``run`` refuses that at once.
 """
 
 from __future__ import annotations
@@ -87,6 +91,20 @@ _HINT = ("a barrier stage needs all of its tasks running at once: lower num_proc
          "spark.executor.cores, spark.task.cpus, task resource amounts)")
 
 
+def _check_local_task_resources(master: str, conf: Mapping[str, str]) -> None:
+    """Raises when a local master is asked for task resources it never offers."""
+    if not _LOCAL.match(master):
+        return
+    asked = sorted(f"{key}={value}" for key, value in conf.items()
+                   if _TASK_RESOURCE.match(key) and float(value or 0) > 0)
+    if asked:
+        raise NotEnoughSlotsError(
+            f"{', '.join(asked)} is set, but Spark's local mode (master {master}) gives its "
+            "tasks no custom resources, so no task would ever start: unset it for local "
+            "runs, or use a cluster (local-cluster[...] or a real one) whose workers "
+            "announce the resource")
+
+
 def check_slots(spark, num_proc: int, wait_s: float, poll_s: float = 0.5) -> None:
     """Returns when ``num_proc`` barrier tasks can run at once; raises otherwise.
 
@@ -94,9 +112,10 @@ def check_slots(spark, num_proc: int, wait_s: float, poll_s: float = 0.5) -> Non
         spark: the SparkSession (classic or Connect).
 
     Raises:
-        NotEnoughSlotsError: the cluster is (or is configured) too small; at once when
-            the configuration already says so, else after ``wait_s`` seconds of waiting
-            for the promised executors to register.
+        NotEnoughSlotsError: the cluster is (or is configured) too small, or a local
+            master is asked for task resources; at once when the configuration already
+            says so, else after ``wait_s`` seconds of waiting for the promised executors
+            to register.
     """
     from spark_dl.spark.launch.session import conf_of, master_of, spark_context
 
@@ -104,12 +123,17 @@ def check_slots(spark, num_proc: int, wait_s: float, poll_s: float = 0.5) -> Non
     master = master_of(spark)
     hint = _HINT
     if sc is None:  # Spark Connect: the configuration's promise is all we can see
-        promised = configured_slots(master, conf_of(spark)) if master else None
+        conf = conf_of(spark) if master else {}
+        if master:
+            _check_local_task_resources(master, conf)
+        promised = configured_slots(master, conf) if master else None
         if promised is not None and num_proc > promised:
             raise NotEnoughSlotsError(f"num_proc={num_proc} exceeds the {promised} task "
                                       f"slots this Spark application is configured for "
                                       f"(master {master}); {hint}")
         return
+    if _LOCAL.match(master):
+        _check_local_task_resources(master, dict(sc.getConf().getAll()))
     have = available_slots(sc)
     if have is None or have >= num_proc:
         return
