@@ -107,18 +107,25 @@ def test_torch_fit_transform_persistence_and_resume(connect_spark, df, store, tm
     assert len(resumed.getHistory()["loss"]) >= 1
 
 
-def test_keras_fit_transform_and_persistence(connect_spark, df, store, tmp_path):
+def test_keras_fit_transform_persistence_and_mlflow(connect_spark, df, store, tmp_path,
+                                                    monkeypatch):
     keras = pytest.importorskip("keras")
+    mlflow = pytest.importorskip("mlflow")
     from spark_dl.spark.keras import KerasEstimator, KerasModel
 
+    monkeypatch.chdir(tmp_path)  # MLflow's default local store lands here
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID"):
+        monkeypatch.delenv(name, raising=False)
     keras.utils.set_random_seed(0)
     net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
                             keras.layers.Dense(1)])
     est = KerasEstimator(num_proc=2, store=store, model=net,
                          optimizer=keras.optimizers.Adam(0.05), loss="mse",
                          feature_cols=["features"], label_cols=["y"], batch_size=32,
-                         epochs=2, verbose=1)
-    model = est.fit(df)
+                         epochs=2, verbose=1, run_id="connect_mlflow", mlflow=True)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        model = est.fit(df)
     assert len(model.getHistory()["loss"]) == 2
     model.write().overwrite().save(str(tmp_path / "keras_model"))
     for fitted in (model, KerasModel.load(str(tmp_path / "keras_model"))):
@@ -126,6 +133,19 @@ def test_keras_fit_transform_and_persistence(connect_spark, df, store, tmp_path)
         want = model.getModel().predict(features_of(pdf), verbose=0).reshape(-1)
         got = np.asarray([float(np.asarray(v).reshape(-1)[0]) for v in pdf["y__output"]])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # MLflow under Connect (issue 35): the model is logged, and its pyfunc flavor predicts
+    # in this process without Spark what transform gives (vectors in, as toPandas makes them).
+    assert "model logged" in out.getvalue(), out.getvalue()
+    pyfunc = mlflow.pyfunc.load_model(f"runs:/{model.mlflow_run_id}/model")
+    column = "prediction" if "prediction" in pdf else "y__output"
+    want = np.asarray([float(np.asarray(v).reshape(-1)[0]) for v in pdf[column]])
+    np.testing.assert_allclose(np.asarray(pyfunc.predict(pdf[["features"]]), dtype=float),
+                               want, rtol=1e-5, atol=1e-6)
+    every = pyfunc.predict(pdf[["features"]], params={"outputs": "all"})
+    assert "y__output" in every.columns
+    # The staging copy in the run folder is gone.
+    assert not [n for n in store.listdir(store.get_run_path("connect_mlflow"))
+                if "mlflow_model" in n]
 
 
 def test_lightning_fit_transform_and_persistence(connect_spark, df, store, tmp_path):

@@ -2,7 +2,8 @@
 and no URI (MLflow's default local store, in a temporary working directory) has its run,
 params, per-epoch metrics logged by the driver only (one value per epoch), the run folder
 with the TensorBoard logs, and a model that ``mlflow.spark`` and ``mlflow.pyfunc`` load and
-predict with as ``transform`` does. The estimators share this code (EstimatorBase), so one
+predict with as ``transform`` does (pyfunc without Spark; under Spark Connect:
+tests/spark/test_connect_estimators.py). The estimators share this code (EstimatorBase), so one
 framework's fit covers them; the logger without Spark: tests/unit/test_mlflow_run.py."""
 
 import sys
@@ -81,6 +82,17 @@ def test_fit_logs_run_params_epoch_metrics_artifacts_and_a_loadable_model(spark,
     np.testing.assert_allclose(got["prediction"], expected["prediction"], rtol=1e-6)
     rows = df.orderBy("id").limit(20).toPandas()
     rows["features"] = [list(v.toArray()) for v in rows["features"]]
-    predicted = mlflow.pyfunc.load_model(uri).predict(rows[["features"]])
+    pyfunc = mlflow.pyfunc.load_model(uri)
+    predicted = pyfunc.predict(rows[["features"]])
     np.testing.assert_allclose(np.asarray(predicted, dtype=float),
                                expected["prediction"][:20], rtol=1e-6)
+    # pyfunc runs the model in this process (no Spark DataFrame made), vectors accepted as
+    # toPandas gives them; every output column on request, the model's own predict_pandas.
+    rows = df.orderBy("id").limit(20).toPandas()
+    every = pyfunc.predict(rows[["features"]], params={"outputs": "all"})
+    assert list(every.columns) == ["y__output", "prediction"]
+    np.testing.assert_allclose(every["prediction"], expected["prediction"][:20], rtol=1e-6)
+    np.testing.assert_allclose(model.predict_pandas(rows)["prediction"],
+                               expected["prediction"][:20], rtol=1e-6)
+    with pytest.raises(KeyError, match=r"feature columns \['features'\] are not in"):
+        pyfunc.predict(rows[["id"]])

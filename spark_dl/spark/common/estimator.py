@@ -228,6 +228,7 @@ class EstimatorBase(EstimatorParamsAccessors, TableParams, Estimator, Persistabl
         check_store_reachable(df.sparkSession, store, num_proc)
         ctx = self._begin(store)
         ctx["fit_start"] = started
+        ctx["mlflow"].spark = df.sparkSession  # saves the fitted model
         from spark_dl.spark.common.util import prepare_data
 
         idx = prepare_data(num_proc, store, df, label_columns=self.getLabelCols(),

@@ -10,11 +10,10 @@ When an estimator's ``mlflow`` param asks for it (or ``mlflow_tracking_uri`` /
   never one per rank, since only the driver logs;
 - the files of the run's folder in the Store (the TensorBoard logs, and whatever else the
   fit wrote there), checkpoints left out, under the artifact path ``run``;
-- the fitted model with MLflow's Spark flavor (artifact path ``model``):
-  ``mlflow.spark.load_model`` gives a ``PipelineModel`` holding it, ``mlflow.pyfunc`` predicts
-  its ``predictionCol``. MLflow's Spark flavor moves the saved model through the JVM's
-  Hadoop filesystem, so under Spark Connect (no JVM in the client) the model is not logged
-  and a note says so; params, metrics and artifacts are.
+- the fitted model (artifact path ``model``), on classic and Spark Connect sessions alike
+  (:mod:`~spark_dl.spark.common.mlflow_model`): ``mlflow.spark.load_model`` gives a
+  ``PipelineModel`` holding it, ``mlflow.pyfunc.load_model`` predicts on pandas without Spark
+  (its ``predictionCol``, or its output).
 
 Where: the active run (``with mlflow.start_run():`` around ``fit``) when neither
 ``mlflow_tracking_uri`` nor ``mlflow_experiment`` names another place; else a new run named as
@@ -32,7 +31,6 @@ workers' output; errors become one warning line, never a failed fit (training ha
 import json
 import os
 import queue
-import shutil
 import tempfile
 import threading
 import time
@@ -132,6 +130,7 @@ class _Off:
     """The logger of a fit that did not ask for MLflow: every call does nothing."""
 
     run_id = None
+    spark = None
 
     def on_event(self, event: dict) -> None:
         pass
@@ -159,6 +158,7 @@ class MlflowLogger:
         self.store, self.spark_dl_run = store, run_id
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.run_id: Optional[str] = None  # the MLflow run, once open
+        self.spark = None  # the session that saves the model (else the active one)
         self.first_epoch = 0
         self._client = None
         self._own_run = False
@@ -317,46 +317,30 @@ class MlflowLogger:
 
     def _log_run_folder(self) -> None:
         """The run folder's files but its checkpoints, as artifacts under ``run``."""
+        from spark_dl.spark.common.mlflow_model import copy_from_store
+
         store = self.store
         run_path = store.get_run_path(self.spark_dl_run)
         if not store.exists(run_path):
             return
         checkpoint = store.get_checkpoint_filename()
         with tempfile.TemporaryDirectory(prefix="spark_dl_mlflow_") as tmp:
-            import pyarrow.fs as pafs
-
-            fs = store.get_filesystem()
-            base = store.get_fs_path(run_path).rstrip("/")
-            selector = pafs.FileSelector(base, recursive=True)
-            copied = 0
-            for info in fs.get_file_info(selector):
-                rel = info.path[len(base):].lstrip("/")
-                if info.type != pafs.FileType.File or \
-                        rel.split("/")[0].startswith(checkpoint):
-                    continue
-                dst = os.path.join(tmp, rel)
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                with fs.open_input_stream(info.path) as src, open(dst, "wb") as out:
-                    shutil.copyfileobj(src, out)
-                copied += 1
-            if copied:
+            if copy_from_store(store, run_path, tmp,
+                               lambda rel: not rel.split("/")[0].startswith(checkpoint)):
                 self._client.log_artifacts(self.run_id, tmp, "run")
 
     def _log_model(self, model, notes: List[str]) -> None:
-        from spark_dl.spark.common.progress import _spark_connect
+        from spark_dl.spark.common.mlflow_model import save_mlflow_model
 
-        if _spark_connect():
-            notes.append("model not logged: MLflow's Spark flavor needs the JVM's Hadoop "
-                         "filesystem, which a Spark Connect client has none of; the model "
-                         "saves with model.write().save(path)")
-            return
-        import mlflow.spark
+        from spark_dl.spark.launch.session import active_session
 
         with tempfile.TemporaryDirectory(prefix="spark_dl_mlflow_") as tmp:
             path = os.path.join(tmp, "model")
-            mlflow.spark.save_model(model, path, pip_requirements=_requirements(model))
+            save_mlflow_model(model, self.spark or active_session(), self.store, self.spark_dl_run, path,
+                              _requirements(model))
             self._client.log_artifacts(self.run_id, path, "model")
-        notes.append(f"model logged: mlflow.spark.load_model('runs:/{self.run_id}/model')")
+        notes.append(f"model logged: mlflow.spark.load_model('runs:/{self.run_id}/model') "
+                     f"or mlflow.pyfunc.load_model('runs:/{self.run_id}/model')")
 
 
 #: The packages a framework's model needs beside pyspark (distribution names).

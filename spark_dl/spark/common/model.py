@@ -183,6 +183,61 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
                           ml_kind, len(ml_cols))
         return df.mapInArrow(fn, T.StructType(out_fields))
 
+    def predict_pandas(self, pdf):
+        """The model's outputs for the rows of the pandas DataFrame ``pdf``, computed in
+        this process without Spark: the values ``transform`` gives for those rows.
+
+        Feature columns hold scalars, or per row a list, NumPy array or Spark ML vector.
+        Returns a pandas DataFrame (``pdf``'s index) with the columns ``transform`` adds:
+        ``output_cols``, then ``predictionCol``/``probabilityCol``/``rawPredictionCol``
+        where ``prediction_kind`` asks for them; several values per row come as one NumPy
+        array per row. MLflow's pyfunc flavor of a logged model calls this.
+
+        Raises:
+            KeyError: a feature column is missing; ValueError: nulls, or rows whose shape
+                differs from training's.
+        """
+        import pandas as pd
+
+        from spark_dl.spark.common.inference import ml_columns
+
+        features = self.getFeatureColumns()
+        if not features:
+            raise ValueError("feature_columns is not set")
+        missing = [c for c in features if c not in pdf.columns]
+        if missing:
+            raise KeyError(f"feature columns {missing} are not in the DataFrame (columns: "
+                           f"{list(pdf.columns)})")
+        ml_cols = self._ml_columns()
+        names = self.getOutputCols() + [name for name, _ in ml_cols]
+        rows = len(pdf)
+        if not rows:
+            return pd.DataFrame({name: [] for name in names}, index=pdf.index)
+        known = (self.getMetadata() or {}).get("columns", {})
+        vector_dtype = (self.getMetadata() or {}).get("vector_dtype",
+                                                      self._default_vector_dtype())
+        specs, arrays = {}, {}
+        for col in features:
+            specs[col], arrays[col] = _pandas_feature(col, pdf[col], known.get(col),
+                                                      vector_dtype)
+        predictor = self._predictor(specs)
+        kinds, _ = self._output_types(predictor, specs, len(self.getOutputCols()))
+        kinds += [kind for _, kind in ml_cols]
+        outputs = list(predictor.predict(arrays))
+        if ml_cols:
+            outputs += ml_columns(self.getPredictionKind(), np.asarray(outputs[0]))
+        columns = {}
+        for name, kind, out in zip(names, kinds, outputs):
+            out = np.asarray(out)
+            if kind == "scalar":
+                columns[name] = out.reshape(rows).astype(np.float64, copy=False)
+            else:
+                flat = out.reshape(rows, -1)
+                if kind == "vector":
+                    flat = flat.astype(np.float64, copy=False)
+                columns[name] = list(flat)
+        return pd.DataFrame(columns, index=pdf.index)
+
     def _ml_columns(self) -> List[Tuple[str, str]]:
         """(name, kind) of the pyspark.ml columns ``prediction_kind`` asks for."""
         kind = self.getPredictionKind()
@@ -245,6 +300,40 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
                 kinds.append("array")
                 types.append(T.ArrayType(element, True))
         return kinds, types
+
+
+def _cell_values(value) -> np.ndarray:
+    """One row's value of an array or vector feature column, as a NumPy array."""
+    to_array = getattr(value, "toArray", None)  # a Spark ML vector
+    return np.asarray(to_array() if to_array is not None else value)
+
+
+def _pandas_feature(col: str, values, spec, vector_dtype: str):
+    """(spec, NumPy array ``(rows, *shape)``) of the pandas feature column ``values``, as
+    :func:`~spark_dl.spark.common.inference.feature_array` makes them of an Arrow column;
+    ``spec`` is training's (None for a model built by hand: read off the first row)."""
+    if values.isnull().any():
+        raise ValueError(f"feature column {col!r} has null values; drop or fill them before "
+                         "predicting")
+    if spec is None:
+        if values.dtype != object:
+            spec = {"kind": constants.KIND_SCALAR, "dtype": str(values.dtype), "shape": []}
+        else:
+            first = _cell_values(values.iloc[0]) if len(values) else np.zeros(0)
+            spec = {"kind": constants.KIND_ARRAY, "dtype": "float64",
+                    "shape": list(first.shape)}
+    if spec["kind"] == constants.KIND_SCALAR:
+        return spec, values.to_numpy()
+    shape = [int(s) for s in spec["shape"]]
+    width = int(np.prod(shape)) if shape else 1
+    dtype = vector_dtype if spec["kind"] == constants.KIND_VECTOR else spec["dtype"]
+    cells = [_cell_values(v).reshape(-1) for v in values]
+    widths = {len(c) for c in cells}
+    if widths - {width}:
+        raise ValueError(f"feature column {col!r} has rows of {sorted(widths)[:5]} values; "
+                         f"the model was trained on rows of shape {spec['shape']}")
+    flat = np.stack(cells).astype(dtype, copy=False) if cells else np.zeros((0, width), dtype)
+    return spec, flat.reshape([len(cells)] + shape)
 
 
 def _arrow_udf():

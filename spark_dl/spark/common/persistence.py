@@ -7,7 +7,8 @@ local, HDFS, S3A, DBFS):
     <path>/data/       the pickled params (model, optimizer, loss, ...) as one cloudpickle
                        blob, base64 text in numbered lines
 
-``Cls.load(path)`` reads both back. Classes that include :class:`PersistableParams` and were
+``Cls.load(path)`` reads both back; :func:`load_local` reads a copy in a local directory
+without Spark. Classes that include :class:`PersistableParams` and were
 built with :func:`~spark_dl.spark.common.params.define_params` get this behaviour; they load
 inside ``Pipeline``/``PipelineModel`` too, since pyspark's pipeline reader calls
 ``Cls.load`` for Python stages.
@@ -29,7 +30,7 @@ import os
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, \
     MLWritable, MLWriter
 
-__all__ = ["PersistableParams", "ParamsWriter", "ParamsReader"]
+__all__ = ["PersistableParams", "ParamsWriter", "ParamsReader", "load_local"]
 
 _LINE_BYTES = 3 << 20  # raw bytes per text line (4 MiB of base64)
 FORMAT_VERSION = 1
@@ -71,12 +72,69 @@ def _write_blob(spark, path: str, data: bytes, replace: bool = False) -> None:
     _write_lines(spark, path, lines, replace)
 
 
-def _read_blob(spark, path: str) -> bytes:
-    rows = spark.read.text(path).collect()
-    parts = sorted((int(r[0][:9]), r[0][10:]) for r in rows)
+def _blob_of(lines, path: str) -> bytes:
+    """The blob :func:`_write_blob` wrote as ``lines`` (in any order)."""
+    parts = sorted((int(line[:9]), line[10:]) for line in lines)
     if [i for i, _ in parts] != list(range(len(parts))):
         raise ValueError(f"{path} is incomplete: lines {[i for i, _ in parts]}")
     return base64.b64decode("".join(p for _, p in parts))
+
+
+def _read_blob(spark, path: str) -> bytes:
+    return _blob_of([r[0] for r in spark.read.text(path).collect()], path)
+
+
+def _local_lines(path: str):
+    """The lines of the text files Spark wrote into the local directory ``path``."""
+    names = sorted(n for n in os.listdir(path) if not n.startswith((".", "_")))
+    if not names:
+        raise FileNotFoundError(f"{path} holds no data files")
+    lines = []
+    for name in names:
+        with open(os.path.join(path, name), encoding="utf-8") as f:
+            lines.extend(line.rstrip("\n") for line in f if line.strip())
+    return lines
+
+
+def _instance(cls, path: str, metadata_text: str, blob: bytes):
+    """A new ``cls`` from its saved metadata and blob."""
+    from spark_dl.spark.launch.pickling import pickler
+
+    expected = f"{cls.__module__}.{cls.__name__}"
+    metadata = DefaultParamsReader._parseMetaData(metadata_text, expected)
+    fmt = metadata.get("spark_dl", {}).get("format")
+    if fmt != FORMAT_VERSION:
+        raise ValueError(f"{path} was saved in format {fmt!r}; this spark_dl reads "
+                         f"format {FORMAT_VERSION}")
+    instance = cls()
+    instance._resetUid(metadata["uid"])
+    DefaultParamsReader.getAndSetParams(instance, metadata)
+    pickled = pickler().loads(blob)
+    instance._set(**instance._params_from_pickle(pickled))
+    return instance
+
+
+def load_local(path: str):
+    """The spark_dl model, estimator or ``PipelineModel``/``Pipeline`` saved at the local
+    directory ``path`` (``write().save`` from a classic or Connect session, then copied
+    here), read without Spark: no session, no JVM. A pipeline comes back as the list of
+    its stages. Used where no Spark runs, e.g. MLflow's pyfunc serving a model."""
+    import importlib
+
+    metadata_text = _local_lines(os.path.join(path, "metadata"))[0]
+    metadata = json.loads(metadata_text)
+    module, _, name = metadata["class"].rpartition(".")
+    if name in ("PipelineModel", "Pipeline") and module.startswith("pyspark.ml"):
+        stages_dir = os.path.join(path, "stages")
+        order = {uid: i for i, uid in enumerate(metadata["paramMap"]["stageUids"])}
+        stages = sorted(os.listdir(stages_dir), key=lambda d: order[d.split("_", 1)[1]])
+        return [load_local(os.path.join(stages_dir, d)) for d in stages]
+    cls = getattr(importlib.import_module(module), name)
+    if not issubclass(cls, PersistableParams):
+        raise TypeError(f"{path} holds a {metadata['class']}, which needs Spark to load; "
+                        "load it with its class's load(path) in a Spark session")
+    return _instance(cls, path, metadata_text,
+                     _blob_of(_local_lines(os.path.join(path, "data")), path))
 
 
 class ParamsWriter(MLWriter):
@@ -137,23 +195,11 @@ class ParamsReader(MLReader):
         self.cls = cls
 
     def load(self, path: str):
-        from spark_dl.spark.launch.pickling import pickler
-
-        expected = f"{self.cls.__module__}.{self.cls.__name__}"
         # What DefaultParamsReader.loadMetadata reads, through the DataFrame API: Spark 3.5's
         # loadMetadata takes a SparkContext (an RDD read), which Connect sessions lack.
         text = self.sparkSession.read.text(os.path.join(path, "metadata")).first()[0]
-        metadata = DefaultParamsReader._parseMetaData(text, expected)
-        fmt = metadata.get("spark_dl", {}).get("format")
-        if fmt != FORMAT_VERSION:
-            raise ValueError(f"{path} was saved in format {fmt!r}; this spark_dl reads "
-                             f"format {FORMAT_VERSION}")
-        instance = self.cls()
-        instance._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(instance, metadata)
-        pickled = pickler().loads(_read_blob(self.sparkSession, os.path.join(path, "data")))
-        instance._set(**instance._params_from_pickle(pickled))
-        return instance
+        return _instance(self.cls, path, text,
+                         _read_blob(self.sparkSession, os.path.join(path, "data")))
 
 
 class PersistableParams(MLReadable, MLWritable):
