@@ -30,7 +30,6 @@ def s3_endpoint():
         server.stop()
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def _no_spark_settings_from_earlier_modules():
     """Clears the ``spark.*`` JVM system properties a stopped session left behind.

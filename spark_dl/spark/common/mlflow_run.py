@@ -331,13 +331,12 @@ class MlflowLogger:
 
     def _log_model(self, model, notes: List[str]) -> None:
         from spark_dl.spark.common.mlflow_model import save_mlflow_model
-
         from spark_dl.spark.launch.session import active_session
 
         with tempfile.TemporaryDirectory(prefix="spark_dl_mlflow_") as tmp:
             path = os.path.join(tmp, "model")
-            save_mlflow_model(model, self.spark or active_session(), self.store, self.spark_dl_run, path,
-                              _requirements(model))
+            save_mlflow_model(model, self.spark or active_session(), self.store,
+                              self.spark_dl_run, path, _requirements(model))
             self._client.log_artifacts(self.run_id, path, "model")
         notes.append(f"model logged: mlflow.spark.load_model('runs:/{self.run_id}/model') "
                      f"or mlflow.pyfunc.load_model('runs:/{self.run_id}/model')")
