@@ -29,6 +29,7 @@ import copy
 import functools
 import json
 import os
+import re
 import sys
 import time
 from typing import Callable, Dict, List, Mapping, Optional
@@ -42,6 +43,21 @@ SCOPE = "elastic"  # the rendezvous server's scope of the membership records
 WORKER_VAR = "SDL_ELASTIC_WORKER_ID"
 # Failures a survivor recovers from; anything else is the program's own error and ends it.
 RECOVERABLE = (PeerFailureError, ShutdownError)
+_NAMED = re.compile(r"^(%s): (.*)$" % "|".join(c.__name__ for c in RECOVERABLE), re.MULTILINE)
+
+
+def named_recoverable(error: BaseException):
+    """The :data:`RECOVERABLE` error that ``error`` is, or that its message names: a
+    framework reports a collective's failure inside compiled code under its own type
+    (TensorFlow: ``tf.errors.UnknownError`` whose message holds ``PeerFailureError: ...``).
+    None for any other error."""
+    if isinstance(error, RECOVERABLE):
+        return error
+    found = _NAMED.search(str(getattr(error, "message", None) or error))
+    if found is None:
+        return None
+    cls = next(c for c in RECOVERABLE if c.__name__ == found.group(1))
+    return cls(found.group(2))
 
 
 class HostsUpdatedInterrupt(RuntimeError):

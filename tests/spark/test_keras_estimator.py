@@ -93,6 +93,26 @@ class BackendProbe(keras.callbacks.Callback):
                                  f"not {self.expected}")
 
 
+class BatchHookProbe(keras.callbacks.Callback):
+    """Fails the fit unless Keras' batch hooks (``on_train_batch_begin``/``_end``, which
+    Keras 3 callbacks override) run around every batch of every epoch."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.begun = self.ended = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.begun += 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.ended += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        steps = self.params.get("steps")
+        if not (self.begun == self.ended == steps and steps):
+            raise AssertionError(f"epoch {epoch}: batch hooks ran {self.begun}/{self.ended} "
+                                 f"times for {steps} steps")
+
+
 def regression_df(spark, rows=600, seed=0):
     from pyspark.ml.linalg import Vectors
 
@@ -140,7 +160,7 @@ def df(spark):
 def fitted(spark, store, df):
     """One fit shared by the tests that only look at its result."""
     out = io.StringIO()
-    est = estimator(store, run_id="shared", epochs=4, callbacks=[LrProbe(0.1)],
+    est = estimator(store, run_id="shared", epochs=4, callbacks=[LrProbe(0.1), BatchHookProbe()],
                     checkpoint_callback=keras.callbacks.ModelCheckpoint("best.keras"))
     with redirect_stdout(out):
         model = est.fit(df)

@@ -106,3 +106,51 @@ def test_elastic_torch_estimator_survives_a_lost_executor(spark, tmp_path):
     assert "re-forming the job" in out.getvalue(), out.getvalue()
     assert "resuming run elastic_fit after epoch" in out.getvalue(), out.getvalue()
     assert_no_workers_left()
+
+
+def test_elastic_keras_estimator_survives_a_lost_executor(spark, tmp_path):
+    """The same on Keras (TensorFlow): the peer's death inside the compiled train step
+    reaches the survivors as tf.errors.UnknownError naming PeerFailureError; they re-form
+    the job in-process (they used to exit, and Spark's retries restarted everything)."""
+    import contextlib
+
+    import numpy as np
+
+    keras = pytest.importorskip("keras")
+    from spark_dl.spark.common.store import Store
+    from spark_dl.spark.keras import KerasEstimator
+
+    class KillExecutor(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.inner = elastic_training.KillExecutorAt("2.0", epoch=1, batch=5,
+                                                         batch_sleep=0.02)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.inner.on_epoch_begin(epoch, logs)
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.inner.on_batch_end(batch, logs)
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1500, 4)).astype("float32")
+    y = x @ np.array([1.0, -2.0, 0.5, 3.0], dtype="float32")
+    df = spark.createDataFrame([(row.tolist(), float(v)) for row, v in zip(x, y)],
+                               "features array<float>, label double")
+    est = KerasEstimator(
+        num_proc=3, elastic=True, min_num_proc=2, store=Store.create(str(tmp_path)),
+        model=keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+        optimizer=keras.optimizers.SGD(0.05), loss="mse", feature_cols=["features"],
+        label_cols=["label"], batch_size=25, epochs=4, verbose=1, run_id="elastic_keras",
+        callbacks=[KillExecutor()])
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        fitted = est.fit(df)
+    history = fitted.getHistory()
+    assert history["epoch"] == [1, 2, 3, 4], history
+    assert history["loss"][-1] < 0.05 * history["loss"][0], history["loss"]
+    assert "worker 2.0 on" in err.getvalue() and "is lost" in err.getvalue(), err.getvalue()
+    reformed = out.getvalue() + err.getvalue()
+    assert "re-forming the job: a peer was lost (PeerFailureError" in reformed, reformed
+    assert "resuming run elastic_keras after epoch" in out.getvalue(), out.getvalue()
+    assert_no_workers_left()

@@ -186,3 +186,18 @@ def test_options_are_checked():
         ElasticOptions(min_np=3, max_np=2).validate()
     with pytest.raises(ValueError, match="LOW <= HIGH"):
         ElasticOptions(min_np=1, cooldown_range=(5, 1)).validate()
+
+
+def test_a_failure_named_by_a_framework_error_is_recoverable():
+    from spark_dl.common.elastic import named_recoverable
+    from spark_dl.common.exceptions import PeerFailureError, ShutdownError
+
+    class UnknownError(Exception):  # how TensorFlow reports it from tf.function
+        message = "Graph execution error:\n\nPeerFailureError: rank 1 exited\n [[node]]"
+
+    lost = named_recoverable(UnknownError())
+    assert isinstance(lost, PeerFailureError) and str(lost) == "rank 1 exited"
+    shut = ShutdownError("down")
+    assert named_recoverable(shut) is shut
+    assert named_recoverable(ValueError("PeerFailureError is in the text, not named")) is None
+    assert named_recoverable(ValueError("bad shape")) is None

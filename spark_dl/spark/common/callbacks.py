@@ -6,6 +6,10 @@ the rest of the training function). Before ``on_train_begin`` each copy has ``mo
 batch_size ...) set. ``logs`` passed to ``on_epoch_end`` hold the epoch's metrics averaged
 over all workers (``loss``, ``val_loss``, metric names), so every rank sees the same numbers.
 
+Keras callbacks work as well: their ``on_train_batch_begin``/``on_train_batch_end`` run
+around each batch (Keras' own callbacks and those written for ``model.fit`` override those
+names; older ones ``on_batch_begin``/``on_batch_end``, which Keras forwards to).
+
 Setting ``self.stop_training = True`` on any rank ends training after the current epoch on
 all ranks (the ranks agree at each epoch's end).
 """
@@ -30,6 +34,9 @@ class Callback:
 
     def on_epoch_begin(self, epoch: int, logs: Optional[dict] = None) -> None:
         """Before epoch ``epoch`` (counted from 0)."""
+
+    def on_batch_begin(self, batch: int, logs: Optional[dict] = None) -> None:
+        """Before each training batch (``batch`` counted from 0 in the epoch)."""
 
     def on_batch_end(self, batch: int, logs: Optional[dict] = None) -> None:
         """After each training batch; ``logs`` has this rank's ``loss`` of the batch."""

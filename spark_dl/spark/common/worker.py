@@ -103,11 +103,21 @@ def _batches(loader, steps: int, epoch: int):
 
 
 def callbacks_call(callbacks, hook: str, *args) -> None:
-    """Calls ``hook`` on every callback that has it (duck-typed, as Keras callbacks)."""
+    """Calls ``hook`` on every callback that has it (duck-typed, as Keras callbacks).
+
+    The batch hooks ``on_batch_begin``/``on_batch_end`` go to a callback's
+    ``on_train_batch_begin``/``on_train_batch_end`` where it has one: Keras 3 callbacks
+    override those, and Keras' base class forwards them to the legacy names, so both kinds
+    of Keras callback run (the legacy name alone would skip the modern one)."""
+    modern = _KERAS_BATCH_HOOKS.get(hook)
     for cb in callbacks:
-        method = getattr(cb, hook, None)
+        method = (modern and getattr(cb, modern, None)) or getattr(cb, hook, None)
         if method is not None:
             method(*args)
+
+
+_KERAS_BATCH_HOOKS = {"on_batch_begin": "on_train_batch_begin",
+                      "on_batch_end": "on_train_batch_end"}
 
 
 class Sums:
@@ -179,10 +189,16 @@ def _train_elastic(blob: bytes, spec: TrainSpec, sdl, timings: dict) -> dict:
             worker = _Worker(spec, sdl, elastic=True)
             worker.timings.update(timings, initialized=time.time())
             return worker.run()
-        except elastic.RECOVERABLE as e:
-            reason = f"a peer was lost ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
         except elastic.HostsUpdatedInterrupt:
             reason = "workers are joining or leaving"
+        except Exception as e:
+            # Also a failure raised inside compiled code (Keras' train step on TensorFlow
+            # reports it as tf.errors.UnknownError naming it).
+            lost = elastic.named_recoverable(e)
+            if lost is None:
+                raise
+            reason = (f"a peer was lost ({type(lost).__name__}: "
+                      f"{str(lost).splitlines()[0][:200]})")
         print(f"spark_dl: re-forming the job: {reason}; training resumes from the last "
               "epoch's checkpoint", file=sys.stderr, flush=True)
         sdl.shutdown()
@@ -393,6 +409,7 @@ class _Worker:
         stopped = None
         for step, arrays in enumerate(_batches(self.train_loader, self.train_steps, epoch)):
             batch = self._batch(arrays)
+            callbacks_call(spec.callbacks, "on_batch_begin", step, {})
             try:
                 rows, value, mvalues = adapter.train_step(batch)
             except Exception as e:
