@@ -45,34 +45,27 @@ state current). Two things are TensorFlow's own:
 from __future__ import annotations
 
 import functools
-import re
 
 import numpy as np
 import tensorflow as tf
 
 from spark_dl.common import basics
-from spark_dl.common.elastic import (RECOVERABLE, HostsUpdatedInterrupt,  # noqa: F401
-                                     ObjectState, State, run_fn)
+from spark_dl.common.elastic import (HostsUpdatedInterrupt,  # noqa: F401
+                                     ObjectState, State, named_recoverable, run_fn)
 from spark_dl.tensorflow.functions import broadcast_object, broadcast_variables
 
 __all__ = ["run", "State", "ObjectState", "TensorFlowState", "TensorFlowKerasState",
            "HostsUpdatedInterrupt"]
 
-# How TensorFlow words an exception raised inside tf.numpy_function: a line
-# "<ClassName>: <message>" in the OpError's message (tested in tests/unit/test_elastic_keras_api.py).
-_NAMED = re.compile(r"^(%s): (.*)$" % "|".join(c.__name__ for c in RECOVERABLE), re.MULTILINE)
-
 
 def recoverable_error(error: BaseException):
     """The spark_dl error (``PeerFailureError`` / ``ShutdownError``) that a TensorFlow op
-    error from a collective inside ``tf.function`` stands for, or None."""
+    error from a collective inside ``tf.function`` stands for, or None. TensorFlow words an
+    exception raised inside ``tf.numpy_function`` as a line "<ClassName>: <message>" in the
+    OpError's message (tested in tests/unit/test_elastic_keras_api.py)."""
     if not isinstance(error, tf.errors.OpError):
         return None
-    found = _NAMED.search(error.message or "")
-    if found is None:
-        return None
-    cls = next(c for c in RECOVERABLE if c.__name__ == found.group(1))
-    return cls(found.group(2))
+    return named_recoverable(error)
 
 
 def _reset() -> None:
