@@ -50,7 +50,7 @@ TEST_P(Inline, WaitingCallerRunsTheCycles) {
           subs[i].in = subs[i].out = xs[i].data();
         }
         int64_t first = rt.EnqueueMany(0, std::move(subs));
-        ASSERT_TRUE(rt.WaitRange(first, 8, 30));
+        ASSERT_TRUE(rt.WaitRange(first, 8, 30)) << "inline " << on << ", step " << step << ", rank " << rank;
         for (const Result& res : rt.handles().TakeRange(first, 8))
           ASSERT_EQ(res.code, ErrorCode::kOk) << res.message;
         for (auto& x : xs) ASSERT_EQ(x, std::vector<float>(100, float(1 + 2 * step)));

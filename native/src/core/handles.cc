@@ -202,6 +202,11 @@ bool HandleTable::WaitRange(int64_t first, int64_t n, double timeout_s, const ui
       throw Error(ErrorCode::kInvalidArgument, "unknown handle " + std::to_string(h));
     if (it->second.done) continue;
     if (kick && kicks_ != *kick) return false;
+    // A zero timeout is a poll. It must not reach the condition variable: a
+    // timed wait whose deadline has just passed still sleeps for the thread's
+    // timer slack (50 us by default) before the kernel reports the timeout,
+    // and Runtime::WaitRange polls like this before every inline cycle.
+    if (timeout_s == 0) return false;
     it->second.waited = true;
     // Looked up again at every wake-up: another thread may have taken it meanwhile.
     auto done = [&] {

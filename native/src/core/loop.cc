@@ -71,11 +71,15 @@ void Runtime::WakeBackground(bool notify) {
   {
     std::lock_guard<std::mutex> lk(wake_mu_);
     work_ = true;
+    // In its grace wait the thread looks at the work when the grace ends; a
+    // wake-up now would only cost a context switch (on a busy host, the core
+    // a peer rank needs). Shutdown is always delivered.
+    notify = notify && (!grace_ || shutdown_requested_.load());
   }
   if (notify) wake_cv_.notify_one();
 }
 
-bool Runtime::WaitForWork(bool busy, bool everywhere) {
+Runtime::Wake Runtime::WaitForWork(bool busy, bool everywhere) {
   Config cfg = config();
   cfg.cycle_time_ms = controller_.cycle_time_ms(cfg.cycle_time_ms);  // autotune's, when tuning
   // While tensors wait for slower ranks, cycle more often: their arrival is
@@ -100,7 +104,7 @@ bool Runtime::WaitForWork(bool busy, bool everywhere) {
     work_ = false;
     wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(std::max(wait_ms, 10.0)),
                       [&] { return work_ || !standing_down(); });
-    return false;
+    return Wake::kNone;
   }
   const bool woken = wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(wait_ms),
                                       [this] { return work_; });
@@ -111,11 +115,15 @@ bool Runtime::WaitForWork(bool busy, bool everywhere) {
     // there before taking the cycle: otherwise this thread, scheduled on the
     // other core while the caller is still in Python, wins the cycle lock and
     // the caller sleeps through the hand-off inline cycles exist to avoid.
-    // Operations nobody waits on start that much later.
+    // Operations nobody waits on start that much later. Enqueues during the
+    // grace do not wake this thread again (see WakeBackground).
+    grace_ = true;
     wake_cv_.wait_for(lk, std::chrono::duration<double, std::milli>(kInlineGraceMs),
                       [&] { return standing_down() || shutdown_requested_.load(); });
+    grace_ = false;
   }
-  return !standing_down();
+  if (standing_down()) return Wake::kNone;
+  return woken ? Wake::kWork : Wake::kTimer;
 }
 
 void Runtime::RunCycleLocked() {
@@ -278,13 +286,25 @@ void Runtime::NotePaceLocked() {
 
 void Runtime::Loop() {
   {
-    std::lock_guard<std::mutex> lk(cycle_mu_);
+    // Released like every other hold of the lock: a caller that waits right
+    // after init() may have found it taken here, and sleeps until kicked.
+    std::unique_lock<std::mutex> lk(cycle_mu_);
     NotePaceLocked();
+    ReleaseCycleLock(lk, 0);
   }
   while (true) {
-    if (!WaitForWork(busy_.load(), everywhere_.load())) continue;
+    const Wake wake = WaitForWork(busy_.load(), everywhere_.load());
+    if (wake == Wake::kNone) continue;
     std::unique_lock<std::mutex> lk(cycle_mu_);
-    if (!ended_) RunCycleLocked();
+    // Woken for work that is gone: a caller came (during the grace, or before
+    // this thread was even scheduled), ran the cycles itself and left with
+    // nothing pending. A cycle now would be an empty one that every peer has
+    // to match; a peer whose caller runs it with new work finds nothing
+    // finished and paces before its next cycle (tens of microseconds on every
+    // small collective). Timed cycles (heartbeats, busy pacing) and shutdown
+    // run.
+    const bool stale = wake == Wake::kWork && !shutdown_requested_.load() && !HasWorkLocked();
+    if (!ended_ && !stale) RunCycleLocked();
     const bool ended = ended_;
     ReleaseCycleLock(lk, 0);  // callers that wait for the lock retry now
     if (ended) break;

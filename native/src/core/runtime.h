@@ -166,9 +166,11 @@ class Runtime {
   void Loop();
   // Moves newly enqueued entries of a set to the cycle side.
   void Intake(ProcessSet& ps);
-  // Sleeps until work, a timeout or shutdown; false when callers run the
-  // cycles inline (the background thread stands down).
-  bool WaitForWork(bool busy, bool everywhere);
+  // Sleeps until work, a timeout or shutdown, and says why it woke: kNone
+  // when callers run the cycles inline (the background thread stands down),
+  // kTimer for its pacing timer, kWork for new work (or shutdown).
+  enum class Wake { kNone, kTimer, kWork };
+  Wake WaitForWork(bool busy, bool everywhere);
   // One cycle of every set this rank belongs to (cycle_mu_ held, !ended_).
   // Records the ending (agreed stop or failure) in ended_/end_code_/end_message_.
   void RunCycleLocked();
@@ -232,6 +234,7 @@ class Runtime {
   std::mutex wake_mu_;
   std::condition_variable wake_cv_;
   bool work_ = false;
+  bool grace_ = false;  // in WaitForWork's grace wait (under wake_mu_)
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<bool> failed_{false};
