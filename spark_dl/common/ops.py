@@ -9,7 +9,6 @@ rank within a process set, and alltoall's splits (default and checked).
 """
 
 import collections
-import contextlib
 import itertools
 import operator
 
@@ -278,25 +277,33 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
             them) and hands it back as ``outputs[0]``; its transport reads
             ``tensor`` directly, without copying it first.
     """
-    ps_id = _ps_id(process_set)
+    # Per-tensor loops call this once per gradient: the common case (host tensor, global
+    # set, no device scope) runs no more Python than it needs.
+    ps_id = 0 if process_set is None or process_set is global_process_set else _ps_id(process_set)
     if kind == "broadcast":
         root = root_index(root, process_set)
     name = name or auto_name(kind, ps_id)
     source = tensor if tensor is not None else output
     stream = _stream_of(source) if _stream_of is not None and source is not None else 0
     scope = _device_scope(source) if stream and _device_scope is not None else None
+    args = (OP[kind], name, tensor, output, ps_id, int(op), float(prescale_factor),
+            float(postscale_factor), int(root), [int(s) for s in splits] if splits else [],
+            group, int(group_size), bool(core_output), int(stream))
     try:
-        with scope or contextlib.nullcontext():
-            hid = _core.enqueue(OP[kind], name, tensor, output, ps_id, int(op),
-                                float(prescale_factor), float(postscale_factor), int(root),
-                                [int(s) for s in splits], group, int(group_size),
-                                bool(core_output), int(stream))
+        if scope is None:
+            hid = _core.enqueue(*args)
+        else:
+            with scope:
+                hid = _core.enqueue(*args)
     except _core.CoreError as e:
         raise_from_core(e)
-    finish = finish or (lambda outputs, ints: None)
     if stream and _order_after is not None:
-        finish = _ordered(finish, source, stream)
-    return Handle(hid, (tensor, output, keep), finish, name=name)
+        finish = _ordered(finish or _no_result, source, stream)
+    return Handle(hid, (tensor, output, keep), finish or _no_result, name=name)
+
+
+def _no_result(outputs, ints):
+    return None
 
 
 def _ordered(finish, source, stream):

@@ -95,6 +95,31 @@ def test_tensors_that_require_grad_are_accepted():
     assert torch.equal(p.detach(), torch.ones(3))
 
 
+def test_per_tensor_async_allreduce_of_host_tensors_goes_by_address(monkeypatch):
+    # allreduce_async_ of a contiguous CPU tensor skips DLPack (a batch of one by address):
+    # same result, same memory, same handle behaviour; anything else takes the DLPack path.
+    from spark_dl.common import ops as core_ops
+    from spark_dl.common.handles import BatchHandle
+
+    exported = []
+    real_submit = core_ops.submit
+    monkeypatch.setattr(core_ops, "submit", lambda *a, **k: exported.append(a[0]) or
+                        real_submit(*a, **k))
+    p = torch.nn.Parameter(torch.full((2, 3), 2.0))
+    ptr = p.data_ptr()
+    h = hvd.allreduce_async_(p, op=hvd.Sum, name="fast", prescale_factor=3.0)
+    assert isinstance(h, BatchHandle) and h.name == "fast"
+    assert hvd.synchronize(h) is p and p.data_ptr() == ptr
+    assert torch.equal(p.detach(), torch.full((2, 3), 6.0)) and exported == []
+    unnamed = hvd.synchronize(hvd.allreduce_async_(torch.ones(2), op=hvd.Average))
+    assert torch.equal(unnamed, torch.ones(2)) and exported == []
+    base = torch.ones(3, 2)
+    hvd.synchronize(hvd.allreduce_async_(base.t(), op=hvd.Sum, postscale_factor=4.0))
+    assert exported == ["allreduce"] and torch.equal(base, torch.full((3, 2), 4.0))
+    with pytest.raises(hvd.InvalidArgumentError, match="dtype"):
+        hvd.allreduce_async_(torch.ones(2, dtype=torch.complex64))
+
+
 def test_async_handles():
     h = hvd.allreduce_async(torch.ones(4), name="h", op=hvd.Sum)
     assert torch.equal(hvd.synchronize(h, timeout=30), torch.ones(4))
