@@ -21,6 +21,7 @@ shared machine slows every peer alike; statistics pool the samples of all rounds
 """
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -200,6 +201,21 @@ def run_rounds(script, peers, rounds, args=(), np_=2, timeout=600, mpi_args=(), 
     return results
 
 
+@contextlib.contextmanager
+def busy_load(n):
+    """Runs ``n`` processes that spin on the CPU until the block ends (an oversubscribed host:
+    other tenants, data-loader threads, several tasks per executor)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                              stdin=subprocess.DEVNULL) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
 def pooled(sample_lists):
     """One list of all samples of several rounds."""
     return [x for samples in sample_lists for x in samples]
@@ -227,6 +243,9 @@ def bench_main(doc, default_peers, default_rounds, add_args, quick, worker, driv
     parser.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
                         help="before each launch, wait up to S seconds for the CPUs to be at "
                              "least 80%% idle (for shared machines; default 0: do not wait)")
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="run N busy-loop processes during every launch, to measure a "
+                             "host whose cores are oversubscribed (default 0)")
     parser.add_argument("--json", metavar="FILE",
                         help="also save the options and raw per-call results to FILE")
     parser.add_argument("--report", metavar="FILE",
@@ -263,9 +282,11 @@ def launch(args, script, worker_args, title, allowed=PEERS):
     args.machine, args.load_before = describe_machine(), load_average()
     args.revision = git_revision()
     print(f"{title}: {args.np} ranks, {args.machine}, {args.rounds} round(s) of "
-          f"{', '.join(peers)}", file=sys.stderr, flush=True)
-    results = run_rounds(script, peers, args.rounds, worker_args, args.np,
-                         mpi_args=args.mpi_args, wait_idle=args.wait_idle)
+          f"{', '.join(peers)}" + (f", {args.load} busy-loop processes" if args.load else ""),
+          file=sys.stderr, flush=True)
+    with busy_load(args.load):
+        results = run_rounds(script, peers, args.rounds, worker_args, args.np,
+                             mpi_args=args.mpi_args, wait_idle=args.wait_idle)
     args.load_after = load_average()
     if args.json:
         keep = {k: v for k, v in vars(args).items() if k not in ("json", "report", "worker")}
@@ -280,7 +301,9 @@ def print_header(title, args, results):
           f"{args.load_before}, at the end: {args.load_after}")
     idle = sorted(r["idle_before"] for rounds in results.values() for r in rounds)
     print(f"CPUs idle just before each launch: min {idle[0]:.0%}, median {median(idle):.0%}"
-          + (f" (each launch waited up to {args.wait_idle:g} s for 80%)" if args.wait_idle else ""))
+          + (f" (each launch waited up to {args.wait_idle:g} s for 80%)" if args.wait_idle else "")
+          + (f"; {args.load} busy-loop processes ran during every launch"
+             if getattr(args, "load", 0) else ""))
     print(f"spark_dl: {getattr(args, 'revision', '?')}")
     info = []
     for peer, rounds in results.items():
