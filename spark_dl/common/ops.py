@@ -277,9 +277,9 @@ def submit(kind, name, tensor, output=None, *, keep=(), finish=None, process_set
             them) and hands it back as ``outputs[0]``; its transport reads
             ``tensor`` directly, without copying it first.
     """
-    # Per-tensor loops call this once per gradient: the common case (host tensor, global
-    # set, no device scope) runs no more Python than it needs.
-    ps_id = 0 if process_set is None or process_set is global_process_set else _ps_id(process_set)
+    # Per-tensor loops call this once per gradient: the common case (host tensor, no device
+    # scope) runs no more Python than it needs.
+    ps_id = _ps_id(process_set)
     if kind == "broadcast":
         root = root_index(root, process_set)
     name = name or auto_name(kind, ps_id)

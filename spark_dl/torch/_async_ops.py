@@ -114,6 +114,16 @@ def _per_tensor_allreduces(tensors, bufs, copy_backs, names, op, prescale_factor
     return CompositeHandle(handles, combine, label)
 
 
+def _host_code(t):
+    """The core's dtype code of ``t`` when the core can take it as it is, by address: a
+    dense, contiguous CPU tensor of a supported dtype; else None (it needs :func:`_target`:
+    a check of its device, a copy, or an error naming the problem)."""
+    if isinstance(t, torch.Tensor) and t.is_cpu and t.layout is torch.strided \
+            and t.is_contiguous():
+        return _CORE_DTYPES.get(t.dtype)
+    return None
+
+
 def _batch_targets(tensors):
     """:func:`_target` of each tensor, for the batched in-place path.
 
@@ -125,18 +135,17 @@ def _batch_targets(tensors):
     tensors the pass is part of a sub-millisecond step); anything else goes through
     :func:`_target`, which checks the device, copies or names the problem.
     """
-    codes, strided, tensor_type = _CORE_DTYPES, torch.strided, torch.Tensor
+    codes = _CORE_DTYPES
     bufs, copy_backs, addrs, shapes, dtypes = [], [], [], [], []
     host = True
     for i, t in enumerate(tensors):
-        if isinstance(t, tensor_type):
-            code = codes.get(t.dtype)
-            if code is not None and t.is_cpu and t.layout is strided and t.is_contiguous():
-                bufs.append(t)
-                addrs.append(t.data_ptr())
-                shapes.append(t.shape)
-                dtypes.append(code)
-                continue
+        code = _host_code(t)
+        if code is not None:
+            bufs.append(t)
+            addrs.append(t.data_ptr())
+            shapes.append(t.shape)
+            dtypes.append(code)
+            continue
         buf, copy_back = _target(t, f"tensors[{i}]")
         bufs.append(buf)
         if copy_back is not None:
@@ -238,21 +247,18 @@ def _allreduce_into_new(src, name, op, prescale_factor, postscale_factor, proces
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`allreduce_async`: ``tensor`` receives the result and is returned."""
-    if isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout is torch.strided \
-            and tensor.is_contiguous():
-        code = _CORE_DTYPES.get(tensor.dtype)
-        if code is not None:
-            # A contiguous host tensor goes by address through the batch entry point, as a
-            # batch of one: exporting it through DLPack (once as input, once as output)
-            # costs more than the rest of the call, and per-tensor loops (a Horovod
-            # program's own allreduce_async_ per gradient) make this call hundreds of
-            # times a step.
-            addr = tensor.data_ptr()
-            return _ops.submit_many(
-                "allreduce", [group_name("allreduce", name, process_set)], [addr], [addr],
-                [tensor.shape], [code], keep=tensor, finish=lambda outputs: tensor,
-                process_set=process_set, op=resolve_op(average, op),
-                prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    code = _host_code(tensor)
+    if code is not None:
+        # A contiguous host tensor goes by address through the batch entry point, as a
+        # batch of one: exporting it through DLPack (once as input, once as output) costs
+        # more than the rest of the call, and per-tensor loops (a Horovod program's own
+        # allreduce_async_ per gradient) make this call hundreds of times a step.
+        addr = tensor.data_ptr()
+        return _ops.submit_many(
+            "allreduce", [group_name("allreduce", name, process_set)], [addr], [addr],
+            [tensor.shape], [code], keep=tensor, finish=lambda outputs: tensor,
+            process_set=process_set, op=resolve_op(average, op),
+            prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     buf, copy_back = _target(tensor)
 
     def finish(outputs, ints):
