@@ -6,6 +6,7 @@ import os
 import uuid
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -109,6 +110,19 @@ def test_round_trip_every_type(typed_df, store, cache, compress_sparse):
         want = np.array([expected_rows(i)[name] for i in range(60)])
         assert got.dtype == np.dtype(cols[name]["dtype"]), name
         np.testing.assert_allclose(got.astype(float), want.astype(float), err_msg=name)
+    # Dense arrays and vectors are stored raw (format 2), and decode without the metadata.
+    raw = ["ai", "af", "ab", "dv", "mixed"] + ([] if compress_sparse else ["sv"])
+    assert sorted(n for n, c in cols.items() if c.get("encoding") == "raw") == sorted(raw)
+    first = os.path.join(meta["train"]["path"], meta["train"]["files"][0]["name"])
+    schema = pq.read_schema(first)
+    assert all(pa.types.is_fixed_size_binary(schema.field(n).type) for n in raw)
+    assert pa.types.is_struct(schema.field("sv").type) is compress_sparse
+    plain = ArrowDataLoader(DataSource.from_path(meta["train"]["path"]), batch_size=60,
+                            columns=["id"] + raw, shuffle=False)
+    for batch in plain:
+        for name in raw:  # data[name][order] is row id's value
+            np.testing.assert_array_equal(batch[name], data[name][order][batch["id"]],
+                                          err_msg=name)
 
 
 def test_files_and_metadata_agree(typed_df, store, cache):
@@ -296,7 +310,15 @@ def test_unwritable_and_process_local_stores(spark, tmp_path, cache):
 def test_metadata_is_json_and_marks_completion(typed_df, store, cache):
     idx = prepare_data(1, store, typed_df, ["y"], ["f64"], cache=cache)
     meta = json.loads(store.read_text(store.get_data_metadata_path(idx)))
-    assert meta["dataset_idx"] == idx and meta["format_version"] == 1
+    assert meta["dataset_idx"] == idx and meta["format_version"] == 2
+    path = store.get_data_metadata_path(idx)
+    for version, readable in ((1, True), (3, False)):  # format 1: lists, read as before
+        store.write_text(path, json.dumps(dict(meta, format_version=version)))
+        if readable:
+            assert DataSource.from_store(store, idx).columns["f64"].dtype == "float64"
+        else:
+            with pytest.raises(ValueError, match="metadata format 3.*prepare it again"):
+                DataSource.from_store(store, idx)
     store.delete(store.get_data_metadata_path(idx))  # as if prepare_data had died before it
     with pytest.raises(FileNotFoundError, match="run prepare_data first"):
         DataSource.from_store(store, idx)

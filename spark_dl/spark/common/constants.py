@@ -4,8 +4,11 @@ They define the on-store layout of a prepared dataset, so changing one is a form
 bump :data:`METADATA_FORMAT_VERSION` with it.
 """
 
-#: Version of the dataset metadata document written by ``prepare_data``.
-METADATA_FORMAT_VERSION = 1
+#: Version of the dataset metadata document written by ``prepare_data``. 2: dense array and
+#: vector columns are stored raw (:mod:`.raw_columns`); 1: as Parquet lists.
+METADATA_FORMAT_VERSION = 2
+#: Versions this code reads (a format-1 dataset stays readable: the loaders decode lists).
+METADATA_FORMAT_VERSIONS_READ = (1, 2)
 
 # Store layout (relative to the store prefix); a dataset index is appended as ".<idx>".
 TRAIN_DATA_DIR = "intermediate_train_data"

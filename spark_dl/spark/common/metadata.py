@@ -4,12 +4,12 @@
 after all Parquet files are in place, so a dataset without its metadata is incomplete. Layout::
 
     {
-      "format_version": 1,
+      "format_version": 2,
       "dataset_idx": "d3f1...",
       "label_columns": ["y"], "feature_columns": ["x"], "sample_weight_col": null,
       "columns": {
         "x": {"kind": "vector", "dtype": "float64", "shape": [64], "sparse": false,
-              "spark_type": "vector", "bytes": 1024000},
+              "spark_type": "vector", "bytes": 1024000, "encoding": "raw"},
         ...
       },
       "train": {"path": "<store path>", "rows": 1000, "bytes": 123456,
@@ -22,7 +22,9 @@ after all Parquet files are in place, so a dataset without its metadata is incom
 
 ``bytes`` are decoded (in-memory, uncompressed) sizes. ``shape`` is the per-row shape: ``[]`` for
 scalars. A ``sparse`` column is stored as a Parquet struct of two lists (``indices`` int32,
-``values``) and decoded to a dense array of ``shape``.
+``values``) and decoded to a dense array of ``shape``. ``"encoding": "raw"``: a dense array or
+vector column stored as one fixed-width binary value per row (:mod:`.raw_columns`; format 2);
+without it, a Parquet list (format 1, and columns of empty arrays).
 """
 
 import dataclasses
@@ -101,7 +103,8 @@ def load_metadata(store, dataset_idx) -> dict:
             "run prepare_data first (it writes the metadata last, so an interrupted "
             "prepare_data leaves none)") from None
     version = meta.get("format_version")
-    if version != constants.METADATA_FORMAT_VERSION:
+    if version not in constants.METADATA_FORMAT_VERSIONS_READ:
         raise ValueError(f"dataset {dataset_idx!r} has metadata format {version}, this "
-                         f"spark_dl reads {constants.METADATA_FORMAT_VERSION}; prepare it again")
+                         f"spark_dl reads {list(constants.METADATA_FORMAT_VERSIONS_READ)}; "
+                         "prepare it again")
     return meta

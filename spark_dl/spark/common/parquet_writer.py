@@ -12,7 +12,7 @@ and a failed task leaves no partial file under a name readers pick up.
 """
 
 import posixpath
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from spark_dl.spark.common import constants
 
@@ -49,18 +49,23 @@ class PartitionWriter:
             the same size in data that passes the checks).
         sparse: {column: (value dtype, stored bytes per row)} of columns arriving as Spark
             ML vector structs and written as struct<indices, values>.
+        raw: {column: element dtype} of dense array and vector columns (lists by then),
+            written as raw fixed-width values (:mod:`.raw_columns`); the length is the
+            partition's first batch's (a column of empty arrays stays a list).
         split: whether batches carry the boolean ``SPLIT_COLUMN`` (True = validation row;
             null = a null in the validation column, counted and written as training).
         compression: Parquet codec.
     """
 
     def __init__(self, store, dirs: Dict[str, str], stats, row_group_bytes: float,
-                 sparse: Dict[str, tuple], split: bool, compression: str = "snappy"):
+                 sparse: Dict[str, tuple], split: bool, compression: str = "snappy",
+                 raw: Optional[Dict[str, str]] = None):
         self.store = store
         self.dirs = dirs
         self.stats = stats
         self.row_group_bytes = row_group_bytes
         self.sparse = sparse
+        self.raw = raw or {}
         self.split = split
         self.compression = compression
 
@@ -75,6 +80,7 @@ class PartitionWriter:
         name = constants.PART_FILE_TEMPLATE.format(partition=ctx.partitionId() if ctx else 0)
         writers: Dict[str, _FileWriter] = {}
         rows_per_group = None
+        lengths: Dict[str, int] = {}
         try:
             for rb in batches:
                 if rb.num_rows == 0:
@@ -90,10 +96,11 @@ class PartitionWriter:
                 self.stats.add_batch(rb)
                 if rows_per_group is None:
                     rows_per_group = self._rows_per_group(rb)
+                    lengths = self._raw_lengths(rb)
                 for split, part in parts.items():
                     if part.num_rows == 0:
                         continue
-                    part = self._convert(part)
+                    part = self._convert(part, lengths)
                     if split not in writers:
                         writers[split] = _FileWriter(
                             self.store, posixpath.join(self.dirs[split], name), part.schema,
@@ -130,15 +137,35 @@ class PartitionWriter:
                 row += max(field.type.bit_width // 8, 1)
         return max(1, int(self.row_group_bytes // max(row, 1)))
 
-    def _convert(self, rb):
-        """Spark ML vector structs -> struct<indices: list<int32>, values: list<dtype>>."""
-        if not self.sparse:
+    def _raw_lengths(self, rb) -> Dict[str, int]:
+        """{raw column: its arrays' length in ``rb``} for the columns stored raw (all but
+        those of empty arrays; the longest array of the batch when lengths differ, which the
+        data checks then reject)."""
+        import pyarrow.compute as pc
+
+        lengths = {}
+        for name in self.raw:
+            longest = pc.max(pc.list_value_length(rb.column(name))).as_py() or 0
+            if longest:
+                lengths[name] = int(longest)
+        return lengths
+
+    def _convert(self, rb, lengths: Dict[str, int]):
+        """Spark ML vector structs -> struct<indices: list<int32>, values: list<dtype>>;
+        dense arrays and vectors (lists by now) -> raw fixed-width values."""
+        if not self.sparse and not lengths:
             return rb
         import pyarrow as pa
 
+        from spark_dl.spark.common import raw_columns
+
         arrays, fields = [], []
         for field, arr in zip(rb.schema, rb.columns):
-            if field.name in self.sparse:
+            if field.name in lengths:
+                dtype, length = self.raw[field.name], lengths[field.name]
+                arr = raw_columns.encode(arr, dtype, length)
+                field = raw_columns.field(field.name, arr, dtype, length)
+            elif field.name in self.sparse:
                 value_type = pa.from_numpy_dtype(__import__("numpy").dtype(
                     self.sparse[field.name][0]))
                 indices = arr.field("indices").cast(pa.list_(pa.int32()))

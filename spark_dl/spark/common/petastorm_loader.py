@@ -24,6 +24,7 @@ from typing import Dict, Iterator, Optional, Sequence
 
 import numpy as np
 
+from spark_dl.spark.common import raw_columns
 from spark_dl.spark.common.data_loader_base import BaseDataLoader, DataSource
 
 
@@ -82,6 +83,18 @@ class PetastormDataLoader(BaseDataLoader):
         with self._reader(epoch) as reader:
             yield from self._rebatch(reader)
 
+    def _column(self, name: str, values) -> np.ndarray:
+        """petastorm's values of one column as NumPy; raw array columns (format 2,
+        :mod:`.raw_columns`) arrive as ``bytes`` per row and are decoded here."""
+        arr = np.asarray(values)
+        spec = (self.source.columns or {}).get(name)
+        if arr.dtype == object and len(arr) and isinstance(arr[0], (bytes, bytearray)) \
+                and spec is not None and spec.shape:
+            length = int(np.prod(spec.shape))
+            return raw_columns.decode_values(arr, spec.dtype, length).reshape(
+                (len(arr),) + tuple(spec.shape))
+        return arr
+
     def _rebatch(self, reader) -> Iterator[Dict[str, np.ndarray]]:
         """petastorm yields one namedtuple per row group; cut them into batch_size batches."""
         pending: Dict[str, list] = {}
@@ -91,7 +104,7 @@ class PetastormDataLoader(BaseDataLoader):
             if self.columns is not None:
                 cols = {k: cols[k] for k in self.columns}
             for k, v in cols.items():
-                pending.setdefault(k, []).append(np.asarray(v))
+                pending.setdefault(k, []).append(self._column(k, v))
             have += len(next(iter(cols.values())))
             while have >= self.batch_size:
                 merged = {k: np.concatenate(v) for k, v in pending.items()}

@@ -20,9 +20,9 @@ Steps, in order (nothing is written before step 4):
 import json
 import time
 import uuid
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from spark_dl.spark.common import constants
+from spark_dl.spark.common import constants, raw_columns
 from spark_dl.spark.common.cache import (TrainingDataCache, UncacheablePlan, cache_key,
                                          delete_dataset)
 from spark_dl.spark.common.metadata import load_metadata
@@ -185,7 +185,7 @@ def prepare_data(num_processes: int, store: Store, df,
     writer = PartitionWriter(store, dirs, stats, row_group_size_mb * (1 << 20),
                              sparse_columns(infos.values(),
                                             lambda i: _stored_row_bytes(i, sparse_rows)),
-                             split=validation is not None)
+                             split=validation is not None, raw=_raw_columns(infos))
     t1 = time.time()
     summaries = selected.mapInArrow(writer, summary_schema()).collect()
     files = [r for r in summaries if r["split"] is not None]
@@ -337,12 +337,20 @@ def _stored_row_bytes(info, total: int) -> float:
     return _decoded_row_bytes(info)
 
 
+def _raw_columns(infos) -> Dict[str, str]:
+    """{name: element dtype} of the columns written raw (dense arrays and vectors)."""
+    return {n: i.dtype for n, i in infos.items()
+            if i.kind in (constants.KIND_ARRAY, constants.KIND_VECTOR) and not i.sparse}
+
+
 def _column_meta(info, total: int) -> dict:
     entry = {"kind": info.kind, "dtype": info.dtype, "shape": list(info.shape),
              "sparse": info.sparse, "spark_type": info.spark_type, "rows": total,
              "bytes": total * _decoded_row_bytes(info)}
     if info.sparse:
         entry["nnz"] = info.nnz
+    elif info.kind != constants.KIND_SCALAR and _decoded_row_bytes(info):
+        entry["encoding"] = raw_columns.ENCODING_RAW
     return entry
 
 
