@@ -2,10 +2,11 @@
 
 Hosts (netns.py): ``client`` (master, driver), ``host0`` and ``host1`` (a Worker each, 2
 slots). Four ranks run, two per host; the host *not* holding rank 0 (task 0, the job's
-coordinator, runs on rank 0's host) is lost:
+coordinator, runs on rank 0's host) is lost, unless said otherwise:
 
 - mid-run, as a crash: every process on it is killed (``Host.kill_all``: Worker,
-  executor, task and worker processes at once);
+  executor, task and worker processes at once); and the same for the host holding rank 0
+  and task 0, the job's coordinator;
 - mid-fit, as a network loss: its interface goes down (``Host.link(up=False)``); nothing
   on it dies, no connection closes.
 
@@ -157,13 +158,14 @@ def _outcome(call):
                 "rank": getattr(exc, "rank", None)}
 
 
-def run_busy(spark, marker, seconds):
+def run_busy(spark, marker, seconds, use_mpi=False):
     import io
 
     from spark_dl.spark import run
 
-    return _outcome(lambda: run(busy, args=(marker, seconds), num_proc=4,
-                                stdout=io.StringIO(), stderr=io.StringIO(), start_timeout=120))
+    return _outcome(lambda: run(busy, args=(marker, seconds), num_proc=4, use_mpi=use_mpi,
+                                use_gloo=not use_mpi, stdout=io.StringIO(),
+                                stderr=io.StringIO(), start_timeout=120))
 
 
 def executors(spark, count, timeout):
@@ -227,12 +229,37 @@ def test_host_killed_mid_run(hosts, standalone, tmp_path):
     placement = _placement(marker, 4, 180)
     lost, lost_ranks = _victim(hosts, placement)
     survivor = next(h for h in hosts.hosts[1:] if h is not lost)
+    assert _worker_pids(survivor), "no worker process to check on the surviving host"
     lost_at = time.time()
     lost.kill_all()
     error = app.result(timeout=KILL_BOUND_S + 60)
     _check_error(error, lost, lost_ranks, lost_at, KILL_BOUND_S)
     assert _wait_no_workers(survivor, 15) == []
     # The host comes back: its Worker again, and the application's executor on it.
+    standalone.start_worker(lost)
+    standalone.wait_workers(2, 180)
+    assert app.call(executors, 2, 180, timeout=200) == 2
+
+
+@pytest.mark.parametrize("use_mpi", [False, True], ids=["gloo", "mpi"])
+def test_task0_host_killed_mid_run(hosts, standalone, tmp_path, use_mpi):
+    # The coordinator's own host: task 0 and ranks 0-1 die with it; the driver loses its
+    # link to task 0 and Spark its executor, and the other host's ranks their coordinator
+    # (under MPI: mpirun, which task 0 runs, and the other host's orted).
+    marker = str(tmp_path / "up")
+    app = standalone.app
+    app.submit(run_busy, marker, 120, use_mpi)
+    placement = _placement(marker, 4, 180)
+    names = {h.name: h for h in hosts.hosts}
+    lost = names[placement[0]]
+    lost_ranks = sorted(r for r, name in placement.items() if name == lost.name)
+    survivor = next(h for h in hosts.hosts[1:] if h is not lost)
+    assert _worker_pids(survivor), "no worker process to check on the surviving host"
+    lost_at = time.time()
+    lost.kill_all()
+    error = app.result(timeout=KILL_BOUND_S + 60)
+    _check_error(error, lost, lost_ranks, lost_at, KILL_BOUND_S)
+    assert _wait_no_workers(survivor, 15) == []
     standalone.start_worker(lost)
     standalone.wait_workers(2, 180)
     assert app.call(executors, 2, 180, timeout=200) == 2
