@@ -161,6 +161,32 @@ def _spread(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def measure_main(args):
+    """The loader measurements (run in their own process by main): both formats, both
+    modes, alternated; prints one LOADER_RESULT line of JSON."""
+    from spark_dl.spark.common.data_loader_base import DataSource
+    from spark_dl.spark.common.store import Store
+
+    source = DataSource.from_store(Store.create(args.workdir), args.idx)
+    old = DataSource(files=sorted(os.path.join(args.workdir, "format1", f)
+                                  for f in os.listdir(os.path.join(args.workdir, "format1"))),
+                     row_groups=source.row_groups, columns=source.columns)
+    sources = {"spark_dl": source, "spark_dl_format1": old}
+    results = {name: {} for name in sources}
+    for mode, shuffle in (("no_shuffle", False), ("shuffle", True)):
+        samples = {name: [] for name in sources}
+        for name, src in sources.items():
+            ours_epoch(src, args, shuffle, 0)  # warm-up (page cache, lazy imports)
+        for _ in range(args.rounds):  # alternated: the machine's load hits both alike
+            for name, src in sources.items():
+                rows, secs = ours_epoch(src, args, shuffle, 1)
+                assert rows == args.rows, (rows, args.rows)
+                samples[name].append(rows / secs)
+        for name, values in samples.items():
+            results[name][mode] = dict(_spread(values), rows_per_s=_spread(values)["median"])
+    print("LOADER_RESULT " + json.dumps(results), flush=True)
+
+
 def ours_epoch(source, args, shuffle, epoch):
     from spark_dl.spark.common.data_loader import ArrowDataLoader
     from spark_dl.spark.torch.util import torch_batch
@@ -232,9 +258,13 @@ def main():
     p.add_argument("--json", help="also write the results to this file")
     p.add_argument("--petastorm-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
+    p.add_argument("--measure-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--idx", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.petastorm_worker:
         return petastorm_main(args)
+    if args.measure_worker:
+        return measure_main(args)
 
     import shutil
 
@@ -249,18 +279,18 @@ def main():
                "buffer_rows": args.buffer_rows, "threads": args.threads,
                "files": len(source.files), "row_groups": sum(map(len, source.row_groups)),
                "prepare_data": prep, "spark_dl": {}, "spark_dl_format1": {}}
-    sources = {"spark_dl": source, "spark_dl_format1": list_copy(source, args.workdir)}
-    for mode, shuffle in (("no_shuffle", False), ("shuffle", True)):
-        samples = {name: [] for name in sources}
-        for name, src in sources.items():
-            ours_epoch(src, args, shuffle, 0)  # warm-up (page cache, lazy imports)
-        for _ in range(args.rounds):  # alternated: the machine's load hits both alike
-            for name, src in sources.items():
-                rows, secs = ours_epoch(src, args, shuffle, 1)
-                assert rows == args.rows, (rows, args.rows)
-                samples[name].append(rows / secs)
-        for name, values in samples.items():
-            results[name][mode] = dict(_spread(values), rows_per_s=_spread(values)["median"])
+    list_copy(source, args.workdir)
+    # The loaders run in a fresh process, as in a training worker: not beside this
+    # driver's JVM and its Python heap (which cost up to 10% here).
+    cmd = [sys.executable, os.path.abspath(__file__), "--measure-worker", "--idx", idx]
+    for flag in ("rows", "batch_size", "buffer_rows", "threads", "rounds", "workdir"):
+        cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("LOADER_RESULT ")]
+    if not lines:
+        raise RuntimeError(f"the loader measurement failed (exit {proc.returncode}): "
+                           f"{proc.stderr.strip()[-2000:]}")
+    results.update(json.loads(lines[-1][len("LOADER_RESULT "):]))
     row_bytes = args.dim * 4 + 8
     results["anchor_memcpy_bytes_per_s"] = anchor_memcpy(args.rows, args.dim)
     if not args.skip_petastorm:

@@ -117,6 +117,16 @@ def test_round_trip_every_type(typed_df, store, cache, compress_sparse):
     schema = pq.read_schema(first)
     assert all(pa.types.is_fixed_size_binary(schema.field(n).type) for n in raw)
     assert pa.types.is_struct(schema.field("sv").type) is compress_sparse
+    # Raw columns: no dictionary, no min/max statistics; the others keep both (as
+    # pyarrow's defaults give them: booleans are never dictionary-encoded).
+    group = pq.read_metadata(first).row_group(0)
+    chunks = {group.column(c).path_in_schema: group.column(c)
+              for c in range(group.num_columns)}
+    for path, chunk in chunks.items():
+        is_raw = path.split(".")[0] in raw
+        assert chunk.is_stats_set is not is_raw, path
+        if is_raw or chunk.physical_type != "BOOLEAN":
+            assert ("RLE_DICTIONARY" in chunk.encodings) is not is_raw, path
     plain = ArrowDataLoader(DataSource.from_path(meta["train"]["path"]), batch_size=60,
                             columns=["id"] + raw, shuffle=False)
     for batch in plain:
