@@ -18,7 +18,8 @@
   :mod:`.petastorm_loader` -- the optional petastorm adapter.
 - :mod:`.sharding` -- which rows each rank reads and how they are cut into batches.
 - :mod:`.schema`, :mod:`.parquet_writer`, :mod:`.cache`, :mod:`.metadata`, :mod:`.constants`
-  -- the parts of ``prepare_data``.
+  -- the parts of ``prepare_data``; :mod:`.raw_columns` -- the raw encoding of array and
+  vector columns that the writer and the loaders share.
 
 The data modules import nothing native, so drivers can use them without the core.
 """
