@@ -157,8 +157,6 @@ class PartitionWriter:
             return rb
         import pyarrow as pa
 
-        from spark_dl.spark.common import raw_columns
-
         arrays, fields = [], []
         for field, arr in zip(rb.schema, rb.columns):
             if field.name in lengths:
