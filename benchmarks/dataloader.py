@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+from _spark import local_spark
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_PST_VENV = os.path.join(ROOT, "build", "petastorm-venv")
 
@@ -67,29 +69,13 @@ def petastorm_main(args):
 
 # ----------------------------------------------------------------------------- spark_dl side
 
-def make_spark(cores):
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if ROOT not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + paths)
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(f"local[{cores}]").appName("spark_dl-bench-data")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(cores))
-             .config("spark.driver.memory", "4g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def prepare(args, store):
     from pyspark.sql import functions as F
 
     from spark_dl.spark.common.cache import TrainingDataCache
     from spark_dl.spark.common.util import prepare_data
 
-    spark = make_spark(args.cores)
+    spark = local_spark("spark_dl-bench-data", args.cores)
     df = spark.range(0, args.rows, numPartitions=args.cores * 2).select(
         F.array(*[F.rand(seed=i).cast("float") for i in range(args.dim)]).alias("features"),
         F.rand(seed=10_000).alias("label"))

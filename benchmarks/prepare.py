@@ -25,28 +25,12 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
+
+from _spark import local_spark
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KINDS = {"scalar": [f"s{i}" for i in range(8)], "array": ["features"], "vector": ["vec"]}
-
-
-def make_spark(cores):
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if ROOT not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + paths)
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(f"local[{cores}]").appName("spark_dl-bench-prepare")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(cores))
-             .config("spark.python.worker.reuse", "true")
-             .config("spark.driver.memory", "4g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def make_data(spark, rows, width, partitions):
@@ -103,7 +87,8 @@ def main():
     load0 = os.getloadavg()
     shutil.rmtree(args.workdir, ignore_errors=True)
     store = Store.create(os.path.join(args.workdir, "store"))
-    spark = make_spark(args.cores)
+    spark = local_spark("spark_dl-bench-prepare", args.cores,
+                        {"spark.python.worker.reuse": "true"})
     df = make_data(spark, args.rows, args.width, args.partitions)
     files = min(args.partitions, args.cores * 10)  # prepare_data's partitions_per_process
     results = {}

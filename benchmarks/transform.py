@@ -26,27 +26,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def make_spark(cores):
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if ROOT not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([ROOT] + paths)
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master(f"local[{cores}]").appName("spark_dl-bench-transform")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(cores))
-             .config("spark.python.worker.reuse", "true")
-             .config("spark.driver.memory", "4g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+from _spark import local_spark
 
 
 def make_data(spark, rows, width, cores):
@@ -176,7 +158,8 @@ def main():
     from pyspark.ml.functions import predict_batch_udf, vector_to_array
     from pyspark.sql import types as T
 
-    spark = make_spark(args.cores)
+    spark = local_spark("spark_dl-bench-transform", args.cores,
+                        {"spark.python.worker.reuse": "true"})
     df = make_data(spark, args.rows, args.width, args.cores)
     print(f"pyspark {pyspark.__version__}, {args.rows:,} rows x {args.width} float32, "
           f"local[{args.cores}], batch {args.batch_size}, {args.repeats} timed runs each "

@@ -94,10 +94,12 @@ def _placement(marker, ranks, timeout):
     return found
 
 
-def _victim(hosts, placement):
-    """The host without rank 0 (task 0 coordinates from rank 0's host), its ranks."""
+def _victim(hosts, placement, task0_host=False):
+    """The host without rank 0 (task 0 coordinates from rank 0's host), or with it when
+    ``task0_host``, and its ranks."""
     names = {h.name: h for h in hosts.hosts}
-    lost = next(name for name in placement.values() if name != placement[0])
+    lost = placement[0] if task0_host else \
+        next(name for name in placement.values() if name != placement[0])
     return names[lost], sorted(r for r, name in placement.items() if name == lost)
 
 
@@ -222,12 +224,12 @@ def long_fit(spark, store_path, marker):
 # ----------------------------------------------------------------------------- tests
 
 
-def test_host_killed_mid_run(hosts, standalone, tmp_path):
+def _kill_mid_run(hosts, standalone, tmp_path, task0_host, use_mpi=False):
     marker = str(tmp_path / "up")
     app = standalone.app
-    app.submit(run_busy, marker, 120)
+    app.submit(run_busy, marker, 120, use_mpi)
     placement = _placement(marker, 4, 180)
-    lost, lost_ranks = _victim(hosts, placement)
+    lost, lost_ranks = _victim(hosts, placement, task0_host)
     survivor = next(h for h in hosts.hosts[1:] if h is not lost)
     assert _worker_pids(survivor), "no worker process to check on the surviving host"
     lost_at = time.time()
@@ -241,28 +243,16 @@ def test_host_killed_mid_run(hosts, standalone, tmp_path):
     assert app.call(executors, 2, 180, timeout=200) == 2
 
 
+def test_host_killed_mid_run(hosts, standalone, tmp_path):
+    _kill_mid_run(hosts, standalone, tmp_path, task0_host=False)
+
+
 @pytest.mark.parametrize("use_mpi", [False, True], ids=["gloo", "mpi"])
 def test_task0_host_killed_mid_run(hosts, standalone, tmp_path, use_mpi):
     # The coordinator's own host: task 0 and ranks 0-1 die with it; the driver loses its
     # link to task 0 and Spark its executor, and the other host's ranks their coordinator
     # (under MPI: mpirun, which task 0 runs, and the other host's orted).
-    marker = str(tmp_path / "up")
-    app = standalone.app
-    app.submit(run_busy, marker, 120, use_mpi)
-    placement = _placement(marker, 4, 180)
-    names = {h.name: h for h in hosts.hosts}
-    lost = names[placement[0]]
-    lost_ranks = sorted(r for r, name in placement.items() if name == lost.name)
-    survivor = next(h for h in hosts.hosts[1:] if h is not lost)
-    assert _worker_pids(survivor), "no worker process to check on the surviving host"
-    lost_at = time.time()
-    lost.kill_all()
-    error = app.result(timeout=KILL_BOUND_S + 60)
-    _check_error(error, lost, lost_ranks, lost_at, KILL_BOUND_S)
-    assert _wait_no_workers(survivor, 15) == []
-    standalone.start_worker(lost)
-    standalone.wait_workers(2, 180)
-    assert app.call(executors, 2, 180, timeout=200) == 2
+    _kill_mid_run(hosts, standalone, tmp_path, task0_host=True, use_mpi=use_mpi)
 
 
 def test_host_unreachable_mid_fit(hosts, standalone, tmp_path):
