@@ -51,7 +51,8 @@ class PartitionWriter:
             ML vector structs and written as struct<indices, values>.
         raw: {column: element dtype} of dense array and vector columns (lists by then),
             written as raw fixed-width values (:mod:`.raw_columns`); the length is the
-            partition's first batch's (a column of empty arrays stays a list).
+            longest array of the partition's first batch (a column of empty arrays stays a
+            list).
         split: whether batches carry the boolean ``SPLIT_COLUMN`` (True = validation row;
             null = a null in the validation column, counted and written as training).
         compression: Parquet codec.
@@ -95,8 +96,11 @@ class PartitionWriter:
                     parts = {"train": rb.filter(pc.invert(flag)), "val": rb.filter(flag)}
                 self.stats.add_batch(rb)
                 if rows_per_group is None:
-                    rows_per_group = self._rows_per_group(rb)
-                    lengths = self._raw_lengths(rb)
+                    longest = _longest_arrays(rb)
+                    rows_per_group = self._rows_per_group(rb, longest)
+                    # Raw columns take the first batch's length; columns of empty arrays
+                    # stay lists (where lengths differ, the data checks reject the data).
+                    lengths = {n: longest[n] for n in self.raw if longest.get(n)}
                 for split, part in parts.items():
                     if part.num_rows == 0:
                         continue
@@ -120,35 +124,18 @@ class PartitionWriter:
              pa.array(cols[4], pa.int64()), pa.array(cols[5], pa.string())],
             names=_SUMMARY_FIELDS)
 
-    def _rows_per_group(self, rb) -> int:
+    def _rows_per_group(self, rb, longest: Dict[str, int]) -> int:
         """Rows per row group: ``row_group_bytes`` over the decoded size of a row (the
-        longest array of this batch for list columns)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
+        longest array of this batch for list columns, from :func:`_longest_arrays`)."""
         row = 0.0
-        for field, arr in zip(rb.schema, rb.columns):
+        for field in rb.schema:
             if field.name in self.sparse:
                 row += self.sparse[field.name][1]
-            elif pa.types.is_list(field.type) or pa.types.is_large_list(field.type):
-                longest = pc.max(pc.list_value_length(arr)).as_py() or 0
-                row += longest * max(field.type.value_type.bit_width // 8, 1)
+            elif field.name in longest:
+                row += longest[field.name] * max(field.type.value_type.bit_width // 8, 1)
             else:
                 row += max(field.type.bit_width // 8, 1)
         return max(1, int(self.row_group_bytes // max(row, 1)))
-
-    def _raw_lengths(self, rb) -> Dict[str, int]:
-        """{raw column: its arrays' length in ``rb``} for the columns stored raw (all but
-        those of empty arrays; the longest array of the batch when lengths differ, which the
-        data checks then reject)."""
-        import pyarrow.compute as pc
-
-        lengths = {}
-        for name in self.raw:
-            longest = pc.max(pc.list_value_length(rb.column(name))).as_py() or 0
-            if longest:
-                lengths[name] = int(longest)
-        return lengths
 
     def _convert(self, rb, lengths: Dict[str, int]):
         """Spark ML vector structs -> struct<indices: list<int32>, values: list<dtype>>;
@@ -231,6 +218,16 @@ class _FileWriter:
             self._ctx.__exit__(RuntimeError, err, None)
         except Exception:
             pass
+
+
+def _longest_arrays(rb) -> Dict[str, int]:
+    """{list column of ``rb``: its longest array's length}."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return {f.name: int(pc.max(pc.list_value_length(arr)).as_py() or 0)
+            for f, arr in zip(rb.schema, rb.columns)
+            if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)}
 
 
 def _leaf_paths(path: str, t) -> List[str]:
