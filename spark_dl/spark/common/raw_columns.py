@@ -79,14 +79,17 @@ def decode(arr, dtype: str, length: int) -> np.ndarray:
         raise ValueError(f"raw values of {arr.type.byte_width} bytes, expected {length} x "
                          f"{dtype} = {length * itemsize}")
     n = len(arr)
-    data = arr.buffers()[1]
-    values = np.frombuffer(data, dtype=np.uint8 if dtype == "bool" else dtype,
-                           count=n * length, offset=arr.offset * length * itemsize)
-    return (values.view(bool) if dtype == "bool" else values).reshape(n, length)
+    return _rows(arr.buffers()[1], dtype, n, length, arr.offset * length * itemsize)
 
 
 def decode_values(values, dtype: str, length: int) -> np.ndarray:
     """A sequence of raw ``bytes`` values (as petastorm yields them) -> (rows, length)."""
-    raw = b"".join(bytes(v) for v in values)
-    out = np.frombuffer(raw, dtype=np.uint8 if dtype == "bool" else dtype)
-    return (out.view(bool) if dtype == "bool" else out).reshape(len(values), length)
+    return _rows(b"".join(bytes(v) for v in values), dtype, len(values), length, 0)
+
+
+def _rows(data, dtype: str, n: int, length: int, offset: int) -> np.ndarray:
+    """``n`` rows of ``length`` elements of ``dtype`` from ``data`` at byte ``offset``
+    (booleans are stored as one byte each)."""
+    values = np.frombuffer(data, dtype=np.uint8 if dtype == "bool" else dtype,
+                           count=n * length, offset=offset)
+    return (values.view(bool) if dtype == "bool" else values).reshape(n, length)
