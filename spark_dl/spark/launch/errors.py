@@ -10,7 +10,12 @@ import re
 from typing import Optional, Sequence
 
 __all__ = ["RunError", "WorkerFailedError", "NotEnoughSlotsError", "StartTimeoutError",
-           "MpiNotBuiltError", "ExecutorPythonError", "strip_ansi"]
+           "MpiNotBuiltError", "ExecutorPythonError", "strip_ansi", "CONSEQUENCES"]
+
+# Exceptions a rank raises because another rank failed (or finished) first: never the
+# root cause while another failure is known. Matched on the exception type's name (its
+# message wording belongs to the core and may change).
+CONSEQUENCES = ("PeerFailureError", "ShutdownError", "HorovodInternalError")
 
 # Terminal colour and style codes (Keras bolds the error inside "Exception encountered when
 # calling ..."; rich tracebacks colour whole lines): in an error relayed from a worker they

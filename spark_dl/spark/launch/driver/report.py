@@ -5,7 +5,7 @@ in loses its peer (``PeerFailureError``), or finds the runtime shut down
 (``ShutdownError``). Listing those as "Also failed" beside the cause sends the reader after
 N-1 symptoms; here they are named as what they are ("rank 1: stopped because rank 0
 failed first"). A consequence is recognized by the exception's type (see
-:data:`~spark_dl.spark.launch.driver.service.CONSEQUENCES`), never by its wording.
+:data:`~spark_dl.spark.launch.errors.CONSEQUENCES`), never by its wording.
 
 When every failure is a consequence and some ranks had already returned their results,
 the job did not lose a rank: a rank called a collective after its peers had finished

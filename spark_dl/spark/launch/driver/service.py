@@ -34,15 +34,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from spark_dl.spark.launch.errors import StartTimeoutError, strip_ansi
+from spark_dl.spark.launch.errors import CONSEQUENCES, StartTimeoutError, strip_ansi
 from spark_dl.spark.launch.service import Endpoint, ServiceServer
 
 __all__ = ["DriverService", "Registration", "Failure"]
 
-# Exceptions a rank raises because another rank failed (or finished) first: never the
-# root cause while another failure is known. Matched on the exception type's name (its
-# message wording belongs to the core and may change).
-CONSEQUENCES = ("PeerFailureError", "ShutdownError", "HorovodInternalError")
 CONSEQUENCE_PRIORITY = 3
 # After the first failure, wait this long for the other ranks' reports, so the root
 # cause (e.g. a killed rank) wins over its consequences (peers that lost it).

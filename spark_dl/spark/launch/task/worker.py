@@ -38,6 +38,7 @@ import traceback
 from typing import List, Optional
 
 from spark_dl.spark.launch import pickling
+from spark_dl.spark.launch.errors import CONSEQUENCES
 from spark_dl.spark.launch.service import ServiceClient
 from spark_dl.spark.launch.task.environment import DRIVER_VAR, parse_endpoints
 
@@ -46,6 +47,12 @@ __all__ = ["main"]
 _MAX_SECRET_LINE = 1024
 _MPI_RANK_VAR = "OMPI_COMM_WORLD_RANK"
 _PARENT_POLL_S = 0.5
+# On MPI, how long a rank whose exception is a consequence of another rank's failure (a
+# lost peer) waits before it exits. mpirun stops the job at the first process that ends
+# badly and names only that one: the lost rank (e.g. SIGKILLed) must come first, or the
+# job's error names this rank's exit code 1 and not the cause's. mpirun kills this
+# process at once when it sees the lost rank, so the wait is seldom paid in full.
+_MPI_CONSEQUENCE_EXIT_S = 2.0
 
 
 def _read_secret() -> str:
@@ -159,6 +166,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.flush()
         _report_error(client, args.rank, exc)
         if args.mpi:
+            if type(exc).__name__ in CONSEQUENCES:
+                time.sleep(_MPI_CONSEQUENCE_EXIT_S)
             # Skip MPI_Finalize (at exit): it waits for every rank, and the others may
             # never get there. Exiting without it makes mpirun stop the job at once.
             os._exit(1)
