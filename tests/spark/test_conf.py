@@ -21,6 +21,8 @@ def test_spark_conf_dir_defaults_apply():
         conf = spark.sparkContext.getConf()
         print("progress=" + conf.get("spark.ui.showConsoleProgress"))
         print("reuse=" + conf.get("spark.python.worker.reuse"))
+        bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+        print("jvm=" + " ".join(bean.getRuntimeMXBean().getInputArguments()))
         spark.stop()
     """)
     env = dict(os.environ, SPARK_CONF_DIR=os.path.join(ROOT, "conf"),
@@ -29,5 +31,7 @@ def test_spark_conf_dir_defaults_apply():
                           text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "progress=false" in done.stdout and "reuse=true" in done.stdout
+    # The driver's JVM was started with conf/'s options (the quick JIT compiler only).
+    assert "-XX:TieredStopAtLevel=1" in done.stdout.split("jvm=", 1)[1], done.stdout
     # conf/log4j2.properties replaced Spark's default profile (which announces itself).
     assert "Using Spark's default log4j profile" not in done.stderr
