@@ -68,11 +68,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-# --no-compile: pip would byte-compile every file of every package (about 24,000; TensorFlow,
-# torch and pyspark are most), which took half of a dependency install's time here (103 s
-# against 52 s for TensorFlow, Keras, pyspark and Lightning); Python compiles the modules a
-# program imports the first time it imports them, and caches them in .venv as pip would.
-.venv/bin/python -m pip install -q --no-compile --upgrade pip
+.venv/bin/python -m pip install -q --upgrade pip
 # torch: PyPI's Linux wheel is the CUDA build, which brings ~17 NVIDIA packages (several GB).
 # On a machine without an NVIDIA GPU, PyTorch's CPU-only index is added where it can be reached
 # (its torch==X+cpu then wins over PyPI's X); where not (machines that reach only a package
@@ -91,23 +87,23 @@ elif ! { [ -e /dev/nvidia0 ] || nvidia-smi -L >/dev/null 2>&1; }; then
   fi
 fi
 echo "setup: installing Python dependencies (torch pinned by constraints.txt)"
-.venv/bin/python -m pip install -q --no-compile -c constraints.txt "${torch_index[@]}" torch numpy
+.venv/bin/python -m pip install -q -c constraints.txt "${torch_index[@]}" torch numpy
 # Where nvcc is present (CI's machines, GPU hosts) the default build compiles the CUDA code;
 # NCCL's header comes from the nvidia-nccl-cu13 wheel in site-packages (cmake/cuda.cmake finds
 # it there), so install that first and the NCCL code is compiled too. --no-deps: the wheel's
 # only dependency is the CUDA runtime wheel, which a GPU host's driver stack or torch brings.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup: nvcc found: installing NCCL's headers and library (nvidia-nccl-cu13)"
-  .venv/bin/python -m pip install -q --no-compile --no-deps -c constraints.txt nvidia-nccl-cu13
+  .venv/bin/python -m pip install -q --no-deps -c constraints.txt nvidia-nccl-cu13
 fi
 echo "setup: building spark_dl (native core) in editable mode (${SECONDS}s so far)"
 # The build tools live in .venv and the build does not isolate itself: CMake's cache in
 # build/ then points at this nanobind, so the C++ tests and CMake checks in the test suite
 # can reconfigure and rebuild there (an isolated build's tools are deleted after it).
-.venv/bin/python -m pip install -q --no-compile -c constraints.txt "scikit-build-core>=0.10" "nanobind>=2.0"
+.venv/bin/python -m pip install -q -c constraints.txt "scikit-build-core>=0.10" "nanobind>=2.0"
 # Keras: tensorflow-cpu (the same TensorFlow without its GPU parts) instead of the keras
 # extra's `tensorflow`, with the keras extra's other requirement.
-.venv/bin/python -m pip install -q --no-compile -c constraints.txt --no-build-isolation \
+.venv/bin/python -m pip install -q -c constraints.txt --no-build-isolation \
   -e ".[torch,spark,test,mpi,lightning,notebook,mlflow]" tensorflow-cpu keras
 .venv/bin/python -c "import spark_dl._core as c; print('setup: spark_dl core built:', c.build_info())"
 inputs_hash > "$STAMP"

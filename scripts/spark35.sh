@@ -77,7 +77,7 @@ if [ "${SPARK35_FORCE:-0}" = 1 ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != 
     || exit 1
   # pip must not see the main venv while it installs (it would find pyspark 4 there).
   rm -f "$SITE/$PTH"
-  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q --no-compile "pyspark==$PYSPARK_VERSION" \
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q "pyspark==$PYSPARK_VERSION" \
     || exit 1
   # site.addsitedir appends, so this venv's own packages stay first; it also runs the
   # main venv's .pth files (the editable spark_dl's finder).
