@@ -10,9 +10,8 @@ bash scripts/setup.sh || exit 1
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 # Byte-compile the project's own modules once: where PYTHONDONTWRITEBYTECODE is set (as on
 # this project's development machines), Python never caches them, and every rank, Spark Python
-# worker and test process would compile spark_dl's sources again (about 0.2 s of CPU each
-# for the estimator's imports, in every one of them). A failure is pytest's to
-# report.
+# worker and test process would compile spark_dl's sources again (about 0.2 s of CPU for
+# the estimator's imports, in every one of them). A failure is pytest's to report.
 .venv/bin/python -m compileall -q -j 0 spark_dl tests benchmarks examples >/dev/null 2>&1 || true
 # Two pytest-xdist workers (PYTEST_WORKERS; 0: one process, as before). Many tests mostly
 # wait (JVM and interpreter start-up, rendezvous, timeouts that must expire), so a second
