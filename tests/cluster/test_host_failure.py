@@ -8,7 +8,8 @@ coordinator, runs on rank 0's host) is lost, unless said otherwise:
   executor, task and worker processes at once); and the same for the host holding rank 0
   and task 0, the job's coordinator;
 - mid-fit, as a network loss: its interface goes down (``Host.link(up=False)``); nothing
-  on it dies, no connection closes.
+  on it dies, no connection closes; and the same for the host holding task 0, which must
+  tell its own isolation from the other host's (it asks the caller).
 
 Either way the caller's call must end in bounded time with an error naming the lost host
 and its ranks, leave no spark_dl worker process on the surviving host, and (for the fit)
@@ -255,7 +256,10 @@ def test_task0_host_killed_mid_run(hosts, standalone, tmp_path, use_mpi):
     _kill_mid_run(hosts, standalone, tmp_path, task0_host=True, use_mpi=use_mpi)
 
 
-def test_host_unreachable_mid_fit(hosts, standalone, tmp_path):
+@pytest.mark.parametrize("task0_host", [False, True], ids=["other", "task0"])
+def test_host_unreachable_mid_fit(hosts, standalone, tmp_path, task0_host):
+    # task0: the coordinator's host is cut off: the driver hears nothing more from task 0,
+    # and the other host's ranks nothing from their coordinator and their peers.
     store = tmp_path / "store"
     (store / "user").mkdir(parents=True)
     (store / "user" / "notes.txt").write_text("mine\n")
@@ -265,7 +269,7 @@ def test_host_unreachable_mid_fit(hosts, standalone, tmp_path):
     app = standalone.app
     app.submit(long_fit, str(store), marker)
     placement = _placement(marker, 4, 240)
-    lost, lost_ranks = _victim(hosts, placement)
+    lost, lost_ranks = _victim(hosts, placement, task0_host)
     survivor = next(h for h in hosts.hosts[1:] if h is not lost)
     lost_at = time.time()
     lost.link(up=False)

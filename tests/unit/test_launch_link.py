@@ -185,3 +185,120 @@ def test_a_failed_spark_job_names_the_rank_of_the_lost_task():
     assert str(_job_failure(error, [reports], "job")) == "the verdict"
     plain = _job_failure(RuntimeError("boom"), [], "job")
     assert type(plain) is RunError and "boom" in str(plain)
+
+
+def test_the_route_asks_whether_the_caller_still_answers():
+    assert link.OutputRoute(make_secret(), None, None).caller_reachable(1.0) is None
+    secret = make_secret()
+    caller = link.CallerLink(secret, ["127.0.0.1"], lambda s, d: None)
+    endpoints = caller.start()
+    spool = MemorySpool()
+    route = link.OutputRoute(secret, endpoints, spool)
+    try:
+        assert route.caller_reachable(2.0) is True and route.live
+    finally:
+        caller.stop()
+    start = time.monotonic()
+    assert route.caller_reachable(1.0) is False
+    assert time.monotonic() - start < 3
+    # The unanswered link is dropped: the outcome goes to the spool without waiting.
+    assert not route.live
+    start = time.monotonic()
+    route.report("outcome", {"class": "RunError", "message": "m"})
+    assert time.monotonic() - start < 1
+    assert any(name.endswith(".outcome") for name in spool.names())
+    route.close()
+
+
+def _silence_case(answer):
+    """Task 0 on host1 with ranks 0 and 1; ranks 2 and 3 on host0 fell silent."""
+    from types import SimpleNamespace
+
+    from spark_dl.spark.launch.coordinator import Coordinator
+    from spark_dl.spark.launch.driver.service import Failure, Registration
+
+    def placement(index, rank, host):
+        reg = Registration(index, f"hash-{host}", host, [("10.0.0.1", 1)], [], 100 + index)
+        return SimpleNamespace(task=reg, rank=rank)
+
+    placements = [placement(0, 0, "host1"), placement(2, 1, "host1"),
+                  placement(1, 2, "host0"), placement(3, 3, "host0")]
+    failures = [Failure(1, f"rank {r} on host0 is unreachable: ...", rank=r, lost=True,
+                        unreachable=True) for r in (2, 3)]
+    coordinator = Coordinator.__new__(Coordinator)
+    asked = []
+    coordinator.route = SimpleNamespace(
+        caller_reachable=lambda timeout: asked.append(timeout) or answer)
+    coordinator._cut_off = False
+    out = coordinator._weigh_silence(failures, placements)
+    assert coordinator._cut_off == (answer is False)
+    return out, failures, asked
+
+
+def test_task0_cut_off_is_named_when_the_caller_cannot_be_reached_either():
+    out, _, asked = _silence_case(False)
+    assert asked and len(out) == 1
+    assert out[0].rank == 0 and out[0].lost
+    assert out[0].summary.startswith("ranks 0 and 1 on host1 were lost: host1, the host of "
+                                     "task 0")
+    assert "host0: ranks 2 and 3" in out[0].summary
+
+
+def test_other_hosts_cut_off_when_the_caller_answers_and_both_without_a_link():
+    out, failures, _ = _silence_case(True)
+    assert out == failures and out[0].summary == "rank 2 on host0 is unreachable: ..."
+    out, failures, _ = _silence_case(None)
+    assert out[0].rank == 2
+    assert "Or host1, task 0's own host, is the one cut off" in out[0].summary
+
+
+def test_one_silent_host_among_others_is_not_weighed():
+    from types import SimpleNamespace
+
+    from spark_dl.spark.launch.coordinator import Coordinator
+    from spark_dl.spark.launch.driver.service import Failure, Registration
+
+    regs = [Registration(i, f"hash-{h}", h, [], [], i) for i, h in
+            enumerate(["host0", "host1", "host2"])]
+    placements = [SimpleNamespace(task=r, rank=r.index) for r in regs]
+    failures = [Failure(1, "rank 1 on host1 is unreachable", rank=1, lost=True,
+                        unreachable=True)]
+    coordinator = Coordinator.__new__(Coordinator)
+    coordinator.route = SimpleNamespace(caller_reachable=lambda timeout: 1 / 0)  # not asked
+    assert coordinator._weigh_silence(failures, placements) == failures
+
+
+class _StuckJob:
+    """A Spark job that cannot end by itself (a task on a cut-off host) until cancelled."""
+
+    rows = error = None
+
+    def __init__(self):
+        self.cancelled = threading.Event()
+
+    def join(self, timeout):
+        return self.cancelled.wait(timeout)
+
+    def cancel(self):
+        self.cancelled.set()
+
+
+@pytest.mark.parametrize("cut_off", [True, False])
+def test_the_caller_cancels_at_once_when_task0_says_its_host_is_cut_off(monkeypatch, cut_off):
+    from spark_dl.spark.launch import spark_run
+
+    monkeypatch.setattr(spark_run, "_VERDICT_END_WAIT_S", 1.5)
+    spool = MemorySpool()
+    doc = {"class": "WorkerFailedError", "message": "ranks 0 and 1 on host1 were lost",
+           "job_id": "j", "rank": 0, "traceback": None, "exit_code": None, "failures": []}
+    if cut_off:
+        doc["task0_cut_off"] = True
+    spool.put(link.Spool.piece_name(0, "started"), b"")
+    spool.put(link.Spool.piece_name(1, "outcome"), json.dumps(doc).encode())
+    follower = link.SpoolFollower(spool, lambda s, d: None)
+    start = time.monotonic()
+    with pytest.raises(WorkerFailedError, match="ranks 0 and 1 on host1") as info:
+        spark_run._wait(_StuckJob(), None, follower, None, "j", 4)
+    took = time.monotonic() - start
+    assert info.value.rank == 0
+    assert took < 1.0 if cut_off else 1.5 <= took < 3.0, took

@@ -35,8 +35,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from spark_dl.runner.kvstore import KVStoreServer
 from spark_dl.spark.launch import rows
 from spark_dl.spark.launch.driver.plan import plan_ranks
-from spark_dl.spark.launch.driver.report import failure_report
-from spark_dl.spark.launch.driver.service import DriverService, Failure
+from spark_dl.spark.launch.driver.report import failure_report, ranks_text
+from spark_dl.spark.launch.driver.service import TASK_SILENT_S, DriverService, Failure
 from spark_dl.spark.launch.errors import RunError, WorkerFailedError
 from spark_dl.spark.launch.launcher import GlooLauncher, Launcher, LaunchContext
 from spark_dl.spark.launch.link import OutputRoute, Spool
@@ -49,6 +49,8 @@ __all__ = ["JobSettings", "Coordinator", "make_launcher", "error_document"]
 _STOP_WAIT_S_EXTRA = 4.0
 # After success: workers exit right after posting their results.
 _FINISH_WAIT_S = 30.0
+# How long task 0 waits for the caller's answer when it may be the one cut off.
+_CALLER_PROBE_S = 3.0
 # Before stopping its services, task 0 lets the other tasks learn the job is over (their
 # next ping, every second) and say they ended.
 _TASKS_END_WAIT_S = 5.0
@@ -139,6 +141,7 @@ class Coordinator:
         self.kv: Optional[KVStoreServer] = None
         self.endpoints: List[Endpoint] = []
         self.rendezvous = ("", 0)
+        self._cut_off = False  # this host judged cut off from the rest (_weigh_silence)
 
     # ------------------------------------------------------------------ start
 
@@ -230,13 +233,47 @@ class Coordinator:
         self.times["launched"] = time.time()
         failures = self.driver.wait_for_outcome(lambda: None)
         if failures:
-            raise self._error(failures)
+            raise self._error(self._weigh_silence(failures, ctx.placements))
         blobs = self.driver.results()
         if self.driver.wait_for_exits([p.rank for p in ctx.placements], _FINISH_WAIT_S):
             self.log("warning: workers did not end after returning their results; "
                      "stopping them")
             self._stop(ctx, launcher)
         return blobs
+
+    def _weigh_silence(self, failures: List[Failure], placements) -> List[Failure]:
+        """When every task on the other hosts fell silent at once, that alone does not say
+        whether their hosts or this one (task 0's) lost the network. The caller's link
+        tells: if the caller cannot be reached either, this host is the one cut off, and
+        its ranks are the lost ones; without a link the report names both possibilities."""
+        silent = {f.rank for f in failures if f.unreachable}
+        here = next((p.task.host_hash for p in placements if p.task.index == 0), None)
+        away = {p.rank for p in placements if p.task.host_hash != here}
+        if not away or not away <= silent:
+            return failures
+        reachable = self.route.caller_reachable(_CALLER_PROBE_S)
+        if reachable:
+            return failures  # the other hosts are cut off, as reported
+        name = next(p.task.hostname for p in placements if p.task.index == 0)
+        local = sorted(p.rank for p in placements if p.task.host_hash == here)
+        others: Dict[str, List[int]] = {}
+        for p in placements:
+            if p.rank in away:
+                others.setdefault(p.task.hostname, []).append(p.rank)
+        heard = "; ".join(f"{host}: {ranks_text(sorted(r))}" for host, r in others.items())
+        if reachable is None:
+            root = failures[0]
+            root.summary += (f". Or {name}, task 0's own host, is the one cut off: every "
+                             f"other host fell silent at once ({heard}), and with no link "
+                             "to the caller task 0 cannot tell which")
+            return failures
+        self._cut_off = True
+        summary = (f"{ranks_text(local)} on {name} were lost: {name}, the host of task 0 (the "
+                   "job's coordinator), is cut off from the network: no task on any other "
+                   f"host has been heard from for {TASK_SILENT_S:g} s ({heard}), and the "
+                   "caller cannot be reached from it either")
+        root = Failure(1, summary, rank=local[0], lost=True, unreachable=True)
+        return [root] + [f for f in failures if not f.unreachable]
 
     def _error(self, failures: List[Failure]) -> RunError:
         job_id = self.settings.job_id
@@ -251,6 +288,10 @@ class Coordinator:
 
     def _error_rows(self, exc: BaseException) -> List[rows.Row]:
         doc = error_document(exc, self.settings.job_id)
+        if self._cut_off:
+            # The caller need not wait for the Spark job to end: it cannot before Spark
+            # gives up on this executor (spark.network.timeout).
+            doc["task0_cut_off"] = True
         cause = getattr(exc, "cause_blob", None)
         # First to the caller directly: Spark may fail the job (and kill this task)
         # before its rows arrive, e.g. when the failure was an executor lost.

@@ -79,7 +79,8 @@ class CallerLink:
                                                        "output": self._output,
                                                        "coordinator": self._set_coordinator,
                                                        "where": self._where,
-                                                       "report": self._report},
+                                                       "report": self._report,
+                                                       "alive": lambda: True},
                                     hosts=hosts, limits=_LINK_LIMITS,
                                     on_disconnect=self._disconnected)
 
@@ -228,6 +229,10 @@ class OutputRoute:
                 self._client = client
             except Exception:
                 client.close()
+        # Whether the link was ever up: only then does losing it say something about
+        # this host's network (see caller_reachable).
+        self._had_link = self._client is not None
+        self._secret = secret
         self._sender = DriverOutput(self._send) if self._client is not None else None
         self._closed = threading.Event()
         if spool is not None:
@@ -240,6 +245,29 @@ class OutputRoute:
     def live(self) -> bool:
         """Whether the caller link is up."""
         return self._client is not None
+
+    def caller_reachable(self, timeout: float) -> Optional[bool]:
+        """Whether the caller still answers over the link (asked now, within ``timeout``);
+        None when there never was a link to ask. An unanswered link is dropped: output
+        and reports then take the spool (or the result) at once."""
+        if not self._had_link:
+            return None
+        client = self._client
+        fresh = client is None
+        if fresh:  # broken earlier: try a new connection
+            client = ServiceClient("caller", self._secret, self._caller, timeout=timeout,
+                                   connect_timeout=timeout)
+        try:
+            client.call("alive", timeout=timeout)
+            return True
+        except Exception:
+            if client is self._client:
+                self._client = None
+            client.close()
+            return False
+        finally:
+            if fresh:
+                client.close()
 
     def report(self, kind: str, document: dict, cause: Optional[bytes] = None) -> None:
         """Tells the caller ``plan`` or ``outcome`` (see :class:`Reports`), over the link

@@ -68,7 +68,7 @@ _WORKER_END_S = 0.3
 # end by itself: task 0 stops the workers (at most the kill grace plus 4 s) and gives the
 # other tasks 5 s. A task on a host cut off from the network never ends, and Spark
 # notices its executor only after spark.network.timeout (120 s): the caller then cancels
-# the job and raises the verdict.
+# the job and raises the verdict (at once when task 0 says its own host is the one cut off).
 _VERDICT_END_WAIT_S = 20.0
 # Spark Connect's default bound on one request (spark.connect.grpc.maxInboundMessageSize):
 # the job's plan carries the pickled function.
@@ -389,13 +389,18 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
     reports = [r for r in (link.reports if link else None,
                            follower.reports if follower else None) if r is not None]
     verdict_at = None
+    wait_s = _VERDICT_END_WAIT_S
     try:
         while not job.join(0.25):
             if follower is not None:
                 follower.poll()
             if verdict_at is None and any(r.outcome is not None for r in reports):
                 verdict_at = time.monotonic()
-            if verdict_at is not None and time.monotonic() - verdict_at > _VERDICT_END_WAIT_S:
+                # Task 0's own host cut off: its rows cannot come before Spark gives up
+                # on its executor (spark.network.timeout), so waiting is pointless.
+                wait_s = 0.0 if any((r.outcome or {}).get("task0_cut_off")
+                                    for r in reports) else _VERDICT_END_WAIT_S
+            if verdict_at is not None and time.monotonic() - verdict_at > wait_s:
                 job.cancel()
                 job.join(_CANCEL_WAIT_S)
                 if job.rows is None:

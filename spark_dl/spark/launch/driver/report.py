@@ -19,10 +19,11 @@ from typing import List, Sequence, Tuple
 
 from spark_dl.spark.launch.driver.service import Failure
 
-__all__ = ["failure_report"]
+__all__ = ["failure_report", "ranks_text"]
 
 
-def _ranks(ranks: Sequence[int]) -> str:
+def ranks_text(ranks: Sequence[int]) -> str:
+    """'rank 3', 'ranks 0 and 1', 'ranks 0, 1 and 2'."""
     names = [str(r) for r in ranks]
     if len(names) == 1:
         return f"rank {names[0]}"
@@ -84,7 +85,7 @@ def _unmatched(root: Failure, finished: Sequence[int]) -> str:
     who = _who(root)
     if finished:
         their = "its result" if len(finished) == 1 else "their results"
-        text = (f"{_ranks(finished)} had already returned {their} and shut spark_dl down "
+        text = (f"{ranks_text(finished)} had already returned {their} and shut spark_dl down "
                 f"when {who} called a collective: the ranks did not call the same collectives "
                 "(every rank must call the same collective operations, in the same order; "
                 f"the traceback above shows the call {who} made that its peers never made).")

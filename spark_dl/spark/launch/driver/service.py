@@ -103,6 +103,9 @@ class Failure:
     # the echo of another rank's failure (mpirun tearing the job down after one rank was
     # killed), whose own report may still be on its way.
     lost: bool = False
+    # A rank whose task stopped pinging (:data:`TASK_SILENT_S`): its host is cut off from
+    # task 0's, or task 0's from the rest (the coordinator weighs which).
+    unreachable: bool = False
 
     def __post_init__(self):
         # Text from a worker may carry its terminal's colour codes (Keras, rich); the
@@ -287,7 +290,7 @@ class DriverService:
             self._fail(Failure(1, f"rank {rank}{where} is unreachable: its Spark task "
                                   f"{index} has not been heard from for {silent:.0f} s (its "
                                   "host is cut off from task 0's, or stalled)", rank=rank,
-                               lost=True))
+                               lost=True, unreachable=True))
 
     def _get_code(self, rank: int) -> dict:
         self._check_rank(rank)
