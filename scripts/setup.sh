@@ -87,24 +87,34 @@ elif ! { [ -e /dev/nvidia0 ] || nvidia-smi -L >/dev/null 2>&1; }; then
   fi
 fi
 echo "setup: installing Python dependencies (torch pinned by constraints.txt)"
-.venv/bin/python -m pip install -q -c constraints.txt "${torch_index[@]}" torch numpy
+# pip byte-compiles what it installs one file at a time (about 24,000 files here, over two
+# minutes of one core); --no-compile, and compileall on every core at the end instead.
+# Compiled they must be: with PYTHONDONTWRITEBYTECODE set, as on some machines, no import
+# ever writes a .pyc, and every process would compile TensorFlow, torch and pyspark again.
+.venv/bin/python -m pip install -q --no-compile -c constraints.txt "${torch_index[@]}" torch numpy
 # Where nvcc is present (CI's machines, GPU hosts) the default build compiles the CUDA code;
 # NCCL's header comes from the nvidia-nccl-cu13 wheel in site-packages (cmake/cuda.cmake finds
 # it there), so install that first and the NCCL code is compiled too. --no-deps: the wheel's
 # only dependency is the CUDA runtime wheel, which a GPU host's driver stack or torch brings.
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup: nvcc found: installing NCCL's headers and library (nvidia-nccl-cu13)"
-  .venv/bin/python -m pip install -q --no-deps -c constraints.txt nvidia-nccl-cu13
+  .venv/bin/python -m pip install -q --no-compile --no-deps -c constraints.txt nvidia-nccl-cu13
 fi
 echo "setup: building spark_dl (native core) in editable mode (${SECONDS}s so far)"
 # The build tools live in .venv and the build does not isolate itself: CMake's cache in
 # build/ then points at this nanobind, so the C++ tests and CMake checks in the test suite
 # can reconfigure and rebuild there (an isolated build's tools are deleted after it).
-.venv/bin/python -m pip install -q -c constraints.txt "scikit-build-core>=0.10" "nanobind>=2.0"
+.venv/bin/python -m pip install -q --no-compile -c constraints.txt "scikit-build-core>=0.10" \
+  "nanobind>=2.0"
 # Keras: tensorflow-cpu (the same TensorFlow without its GPU parts) instead of the keras
 # extra's `tensorflow`, with the keras extra's other requirement.
-.venv/bin/python -m pip install -q -c constraints.txt --no-build-isolation \
+.venv/bin/python -m pip install -q --no-compile -c constraints.txt --no-build-isolation \
   -e ".[torch,spark,test,mpi,lightning,notebook,mlflow]" tensorflow-cpu keras
+echo "setup: byte-compiling the environment's packages (${SECONDS}s so far)"
+# Files some packages ship that are not Python 3 (templates, test data) fail to compile,
+# as they do under pip: -qq and the exit status ignored.
+.venv/bin/python -m compileall -qq -j 0 \
+  "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
 .venv/bin/python -c "import spark_dl._core as c; print('setup: spark_dl core built:', c.build_info())"
 inputs_hash > "$STAMP"
 echo "setup: done in ${SECONDS}s"
