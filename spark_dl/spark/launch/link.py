@@ -247,27 +247,22 @@ class OutputRoute:
         return self._client is not None
 
     def caller_reachable(self, timeout: float) -> Optional[bool]:
-        """Whether the caller still answers over the link (asked now, within ``timeout``);
-        None when there never was a link to ask. An unanswered link is dropped: output
-        and reports then take the spool (or the result) at once."""
+        """Whether the caller still answers (asked now on a connection of its own, within
+        ``timeout``: the kept one may be held by a send that waits for its timeout); None
+        when there never was a link to ask. After no answer the link is dropped: output and
+        reports then take the spool (or the result) at once."""
         if not self._had_link:
             return None
-        client = self._client
-        fresh = client is None
-        if fresh:  # broken earlier: try a new connection
-            client = ServiceClient("caller", self._secret, self._caller, timeout=timeout,
-                                   connect_timeout=timeout)
+        probe = ServiceClient("caller", self._secret, self._caller, timeout=timeout,
+                              connect_timeout=timeout)
         try:
-            client.call("alive", timeout=timeout)
+            probe.call("alive", timeout=timeout)
             return True
         except Exception:
-            if client is self._client:
-                self._client = None
-            client.close()
+            self._client = None  # a send still waiting on it fails by its own timeout
             return False
         finally:
-            if fresh:
-                client.close()
+            probe.close()
 
     def report(self, kind: str, document: dict, cause: Optional[bytes] = None) -> None:
         """Tells the caller ``plan`` or ``outcome`` (see :class:`Reports`), over the link
