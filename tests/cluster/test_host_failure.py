@@ -9,7 +9,8 @@ coordinator, runs on rank 0's host) is lost, unless said otherwise:
   and task 0, the job's coordinator;
 - mid-fit, as a network loss: its interface goes down (``Host.link(up=False)``); nothing
   on it dies, no connection closes; and the same for the host holding task 0, which must
-  tell its own isolation from the other host's (it asks the caller).
+  tell its own isolation from the other host's (it asks the caller), mid-fit and mid-run
+  (``spark.run`` has no spool: the caller itself notices task 0's silence).
 
 Either way the caller's call must end in bounded time with an error naming the lost host
 and its ranks, leave no spark_dl worker process on the surviving host, and (for the fit)
@@ -254,6 +255,28 @@ def test_task0_host_killed_mid_run(hosts, standalone, tmp_path, use_mpi):
     # link to task 0 and Spark its executor, and the other host's ranks their coordinator
     # (under MPI: mpirun, which task 0 runs, and the other host's orted).
     _kill_mid_run(hosts, standalone, tmp_path, task0_host=True, use_mpi=use_mpi)
+
+
+def test_task0_host_unreachable_mid_run(hosts, standalone, tmp_path):
+    # spark.run has no spool: task 0's verdict cannot reach the caller, which fails the
+    # job itself once task 0 has been silent on the caller link (TASK0_SILENT_S), long
+    # before Spark would notice the executor.
+    marker = str(tmp_path / "up")
+    app = standalone.app
+    app.submit(run_busy, marker, 180)
+    placement = _placement(marker, 4, 180)
+    lost, lost_ranks = _victim(hosts, placement, task0_host=True)
+    survivor = next(h for h in hosts.hosts[1:] if h is not lost)
+    lost_at = time.time()
+    lost.link(up=False)
+    try:
+        error = app.result(timeout=LINK_BOUND_S + 90)
+        _check_error(error, lost, lost_ranks, lost_at, LINK_BOUND_S)
+        assert "has not been heard from" in error["message"], error["message"]
+        assert _wait_no_workers(survivor, 15) == []
+    finally:
+        lost.link(up=True)
+    assert _wait_no_workers(lost, 60) == []
 
 
 @pytest.mark.parametrize("task0_host", [False, True], ids=["other", "task0"])

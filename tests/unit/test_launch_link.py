@@ -302,3 +302,55 @@ def test_the_caller_cancels_at_once_when_task0_says_its_host_is_cut_off(monkeypa
     took = time.monotonic() - start
     assert info.value.rank == 0
     assert took < 1.0 if cut_off else 1.5 <= took < 3.0, took
+
+
+def test_task0_beats_over_the_link_and_the_caller_times_its_silence(monkeypatch):
+    monkeypatch.setattr(link, "BEAT_S", 0.1)
+    secret = make_secret()
+    caller = link.CallerLink(secret, ["127.0.0.1"], lambda s, d: None)
+    endpoints = caller.start()
+    try:
+        assert caller.silent_s() == 0.0  # nothing heard yet: no silence to count
+        route = link.OutputRoute(secret, endpoints, None)
+        first = caller.last_heard
+        time.sleep(0.5)
+        assert caller.last_heard > first and caller.silent_s() < 0.4
+        route.close()
+        time.sleep(0.3)
+        assert caller.silent_s() >= 0.3  # closed: no more beats
+        assert caller.task0_gone.wait(2)
+    finally:
+        caller.stop()
+
+
+@pytest.mark.parametrize("plan", [True, False])
+def test_the_caller_fails_the_job_when_task0_falls_silent(monkeypatch, plan):
+    from types import SimpleNamespace
+
+    from spark_dl.spark.launch import spark_run
+
+    monkeypatch.setattr(spark_run, "TASK0_SILENT_S", 0.5)
+    reports = link.Reports()
+    if plan:
+        reports.add("plan", {"0": [0, "host1"], "1": [2, "host0"], "2": [1, "host1"],
+                             "3": [3, "host0"]})
+    contacted, gone = threading.Event(), threading.Event()
+    contacted.set()
+    heard = time.monotonic()
+    fake = SimpleNamespace(reports=reports, contacted=contacted, task0_gone=gone,
+                           silent_s=lambda: time.monotonic() - heard)
+    job = _StuckJob()
+    start = time.monotonic()
+    expected = WorkerFailedError if plan else RunError
+    with pytest.raises(expected, match="has not been heard from") as info:
+        spark_run._wait(job, fake, None, None, "j", 4)
+    assert job.cancelled.is_set() and time.monotonic() - start < 3
+    if plan:
+        assert info.value.rank == 0
+        assert str(info.value).startswith("ranks 0 and 1 on host1 were lost: task 0")
+    # Task 0 gone (its connection closed: the job is ending) is not a silence.
+    gone.set()
+    heard = time.monotonic() - 10
+    done = _StuckJob()
+    threading.Timer(1.0, done.cancel).start()
+    assert spark_run._wait(done, fake, None, None, "j", 4) is not None

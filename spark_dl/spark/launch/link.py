@@ -42,6 +42,9 @@ KEEP_BYTES = 8 << 20
 # How long task 0 tries to reach the caller at start.
 HELLO_TIMEOUT_S = 3.0
 _LINK_LIMITS = {"output": 64 << 20, "report": 64 << 20}
+# Task 0 tells the caller it is alive this often over the link (``beat``), so that the
+# caller notices a task 0 whose host was cut off (see spark_run's TASK0_SILENT_S).
+BEAT_S = 2.0
 # A task gives up asking the caller link after this long without reaching it.
 UNREACHABLE_S = 15.0
 # Longest wait of one ``where`` call (the tasks' calls time out later than this).
@@ -73,6 +76,8 @@ class CallerLink:
         # (and so, through their stdin, its workers) ended.
         self.task0_gone = threading.Event()
         self._announced = threading.Event()
+        # When task 0 last called (hello, output, report, coordinator, beat).
+        self.last_heard: Optional[float] = None
         self._coordinator: dict = {}
         self.reports = Reports()
         self.server = ServiceServer("caller", secret, {"hello": self._hello,
@@ -80,7 +85,8 @@ class CallerLink:
                                                        "coordinator": self._set_coordinator,
                                                        "where": self._where,
                                                        "report": self._report,
-                                                       "alive": lambda: True},
+                                                       "alive": lambda: True,
+                                                       "beat": self._heard},
                                     hosts=hosts, limits=_LINK_LIMITS,
                                     on_disconnect=self._disconnected)
 
@@ -90,8 +96,16 @@ class CallerLink:
     def stop(self) -> None:
         self.server.stop()
 
+    def _heard(self) -> None:
+        self.last_heard = time.monotonic()
+
+    def silent_s(self) -> float:
+        """Seconds since task 0 last called; 0 before its hello."""
+        return 0.0 if self.last_heard is None else time.monotonic() - self.last_heard
+
     def _hello(self) -> bool:
         self.server.tag("task0", True)
+        self._heard()
         self.contacted.set()
         return True
 
@@ -100,15 +114,18 @@ class CallerLink:
             self.task0_gone.set()
 
     def _output(self, stream: str, data: bytes) -> None:
+        self._heard()
         self._write("stderr" if stream == "stderr" else "stdout", bytes(data))
 
     def _set_coordinator(self, endpoints=None, error: Optional[str] = None) -> None:
+        self._heard()
         self.contacted.set()
         self._coordinator = {"endpoints": [(str(h), int(p)) for h, p in endpoints or ()]} \
             if error is None else {"error": str(error)}
         self._announced.set()
 
     def _report(self, kind: str, document: dict, cause: Optional[bytes] = None) -> None:
+        self._heard()
         self.reports.add(kind, document, cause)
 
     def _where(self, wait_s: float) -> dict:
@@ -235,6 +252,9 @@ class OutputRoute:
         self._secret = secret
         self._sender = DriverOutput(self._send) if self._client is not None else None
         self._closed = threading.Event()
+        if self._client is not None:
+            threading.Thread(target=self._beat_loop, name="sdl-caller-beat",
+                             daemon=True).start()
         if spool is not None:
             if self._client is None:
                 self._put_piece("started", b"")
@@ -334,6 +354,16 @@ class OutputRoute:
         except Exception:  # the store failed: keep it for the result instead
             self.kept.append((self._seq, stream, data))
         self._seq += 1
+
+    def _beat_loop(self) -> None:
+        while not self._closed.wait(BEAT_S):
+            client = self._client
+            if client is None:
+                return  # the link broke: the caller hears of it through its silence
+            try:
+                client.call("beat", timeout=BEAT_S * 2)
+            except Exception:
+                pass  # sends fail the same way and drop the link (see _send)
 
     def _flush_loop(self) -> None:
         while not self._closed.wait(_SPOOL_FLUSH_S):

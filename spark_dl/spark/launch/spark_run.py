@@ -38,6 +38,7 @@ from spark_dl.rendezvous.secret import make_secret
 from spark_dl.spark.launch import pickling, rows
 from spark_dl.spark.launch.barrier import BarrierMain, SparkJob, barrier_frame, summarize
 from spark_dl.spark.launch.coordinator import JobSettings
+from spark_dl.spark.launch.driver.report import ranks_text
 from spark_dl.spark.launch.driver.slots import check_slots
 from spark_dl.spark.launch.errors import (ExecutorPythonError, MpiNotBuiltError,
                                           NotEnoughSlotsError, RunError, StartTimeoutError,
@@ -70,6 +71,12 @@ _WORKER_END_S = 0.3
 # notices its executor only after spark.network.timeout (120 s): the caller then cancels
 # the job and raises the verdict (at once when task 0 says its own host is the one cut off).
 _VERDICT_END_WAIT_S = 20.0
+# Task 0 calls the caller link at least every BEAT_S (link.py). Silent this long, its host
+# is taken as cut off from the caller and the job fails at once, where Spark would notice
+# the executor only after spark.network.timeout (120 s). Longer than task 0's own verdict
+# on a silence (15 s, up to 6 s for a more specific cause, 3 s asking the caller), which
+# reaches the caller through the spool where there is one.
+TASK0_SILENT_S = 30.0
 # Spark Connect's default bound on one request (spark.connect.grpc.maxInboundMessageSize):
 # the job's plan carries the pickled function.
 _CONNECT_MAX_MESSAGE = 128 << 20
@@ -400,6 +407,11 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
                 # on its executor (spark.network.timeout), so waiting is pointless.
                 wait_s = 0.0 if any((r.outcome or {}).get("task0_cut_off")
                                     for r in reports) else _VERDICT_END_WAIT_S
+            if verdict_at is None and link is not None and link.contacted.is_set() and \
+                    not link.task0_gone.is_set() and link.silent_s() > TASK0_SILENT_S:
+                job.cancel()
+                job.join(_CANCEL_WAIT_S)
+                raise _task0_silent(link.silent_s(), reports, job_id)
             if verdict_at is not None and time.monotonic() - verdict_at > wait_s:
                 job.cancel()
                 job.join(_CANCEL_WAIT_S)
@@ -433,6 +445,21 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
                 time.sleep(_WORKER_END_S)
         raise _job_failure(job.error, reports, job_id) from None
     return rows.decode(job.rows or [])
+
+
+def _task0_silent(silent_s: float, reports: Sequence[Reports], job_id: str) -> BaseException:
+    """The error for a task 0 the caller stopped hearing from (see TASK0_SILENT_S)."""
+    what = (f"task 0 (the job's coordinator) has not been heard from for {silent_s:.0f} s: "
+            "its host is cut off from the caller (or the task is stalled), and Spark would "
+            "notice its executor only after spark.network.timeout")
+    plan = next((r.plan for r in reports if r.plan), {})
+    if 0 not in plan:
+        return RunError(what + "; see the Spark executor logs", job_id)
+    host = plan[0][1]
+    ranks = sorted(rank for rank, h in plan.values() if h == host)
+    return WorkerFailedError(f"{ranks_text(ranks)} on {host} were lost: {what}", ranks[0],
+                             None, None, [f"{ranks_text(ranks)}: lost with task 0's host {host}"],
+                             job_id)
 
 
 def _job_failure(error: BaseException, reports: Sequence[Reports],
