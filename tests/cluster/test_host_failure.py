@@ -245,6 +245,23 @@ def _kill_mid_run(hosts, standalone, tmp_path, task0_host, use_mpi=False):
     assert app.call(executors, 2, 180, timeout=200) == 2
 
 
+def _cut_off_mid_job(hosts, app, placement, task0_host):
+    """Takes the victim's link down until the application's call has failed (checked:
+    bounded, naming the host and a rank; the surviving host's workers stopped); returns
+    the lost host and the error."""
+    lost, lost_ranks = _victim(hosts, placement, task0_host)
+    survivor = next(h for h in hosts.hosts[1:] if h is not lost)
+    lost_at = time.time()
+    lost.link(up=False)
+    try:
+        error = app.result(timeout=LINK_BOUND_S + 90)
+        _check_error(error, lost, lost_ranks, lost_at, LINK_BOUND_S)
+        assert _wait_no_workers(survivor, 15) == []
+    finally:
+        lost.link(up=True)
+    return lost, error
+
+
 def test_host_killed_mid_run(hosts, standalone, tmp_path):
     _kill_mid_run(hosts, standalone, tmp_path, task0_host=False)
 
@@ -264,18 +281,8 @@ def test_task0_host_unreachable_mid_run(hosts, standalone, tmp_path):
     marker = str(tmp_path / "up")
     app = standalone.app
     app.submit(run_busy, marker, 180)
-    placement = _placement(marker, 4, 180)
-    lost, lost_ranks = _victim(hosts, placement, task0_host=True)
-    survivor = next(h for h in hosts.hosts[1:] if h is not lost)
-    lost_at = time.time()
-    lost.link(up=False)
-    try:
-        error = app.result(timeout=LINK_BOUND_S + 90)
-        _check_error(error, lost, lost_ranks, lost_at, LINK_BOUND_S)
-        assert "has not been heard from" in error["message"], error["message"]
-        assert _wait_no_workers(survivor, 15) == []
-    finally:
-        lost.link(up=True)
+    lost, error = _cut_off_mid_job(hosts, app, _placement(marker, 4, 180), task0_host=True)
+    assert "has not been heard from" in error["message"], error["message"]
     assert _wait_no_workers(lost, 60) == []
 
 
@@ -291,17 +298,7 @@ def test_host_unreachable_mid_fit(hosts, standalone, tmp_path, task0_host):
     marker = str(tmp_path / "up")
     app = standalone.app
     app.submit(long_fit, str(store), marker)
-    placement = _placement(marker, 4, 240)
-    lost, lost_ranks = _victim(hosts, placement, task0_host)
-    survivor = next(h for h in hosts.hosts[1:] if h is not lost)
-    lost_at = time.time()
-    lost.link(up=False)
-    try:
-        error = app.result(timeout=LINK_BOUND_S + 90)
-        _check_error(error, lost, lost_ranks, lost_at, LINK_BOUND_S)
-        assert _wait_no_workers(survivor, 15) == []
-    finally:
-        lost.link(up=True)
+    lost, _ = _cut_off_mid_job(hosts, app, _placement(marker, 4, 240), task0_host)
     after = _snapshot(str(store))
     assert {k: v for k, v in after.items() if k in before} == before
     # Cut off, the lost host's tasks stop their workers by themselves (task 0 unreachable).
