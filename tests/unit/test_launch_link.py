@@ -348,6 +348,24 @@ def test_the_caller_fails_the_job_when_task0_falls_silent(monkeypatch, plan):
     if plan:
         assert info.value.rank == 0
         assert str(info.value).startswith("ranks 0 and 1 on host1 were lost: task 0")
+    # A caller that was itself stalled (asleep) counts task 0's silence from its wake-up:
+    # without that, its first pass after a 1.5 s stall would fail the job (silent 10 s,
+    # waiting for 1.75 s); with it, the job ends (0.5 s after the wake-up) first.
+    monkeypatch.setattr(spark_run, "TASK0_SILENT_S", 1.0)
+    monkeypatch.setattr(spark_run, "_CALLER_STALL_S", 0.2)
+    heard = time.monotonic() - 10
+    waking = _StuckJob()
+    first = [True]
+
+    def join(timeout):
+        if first[0]:
+            first[0] = False
+            time.sleep(1.5)  # the stall
+        return waking.cancelled.wait(timeout)
+
+    waking.join = join
+    threading.Timer(2.0, waking.cancel).start()
+    assert spark_run._wait(waking, fake, None, None, "j", 4) is not None
     # Task 0 gone (its connection closed: the job is ending) is not a silence.
     gone.set()
     heard = time.monotonic() - 10

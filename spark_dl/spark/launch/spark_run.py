@@ -77,6 +77,10 @@ _VERDICT_END_WAIT_S = 20.0
 # on a silence (15 s, up to 6 s for a more specific cause, 3 s asking the caller), which
 # reaches the caller through the spool where there is one.
 TASK0_SILENT_S = 30.0
+# A pass of the caller's wait loop that came this much later than due means this process
+# itself was stalled (a laptop asleep, a stopped process): task 0's silence may be ours,
+# and counts only from then.
+_CALLER_STALL_S = 5.0
 # Spark Connect's default bound on one request (spark.connect.grpc.maxInboundMessageSize):
 # the job's plan carries the pickled function.
 _CONNECT_MAX_MESSAGE = 128 << 20
@@ -397,8 +401,13 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
                            follower.reports if follower else None) if r is not None]
     verdict_at = None
     wait_s = _VERDICT_END_WAIT_S
+    last_pass = resumed = time.monotonic()
     try:
         while not job.join(0.25):
+            now = time.monotonic()
+            if now - last_pass > _CALLER_STALL_S:
+                resumed = now
+            last_pass = now
             if follower is not None:
                 follower.poll()
             if verdict_at is None and any(r.outcome is not None for r in reports):
@@ -408,7 +417,8 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
                 wait_s = 0.0 if any((r.outcome or {}).get("task0_cut_off")
                                     for r in reports) else _VERDICT_END_WAIT_S
             if verdict_at is None and link is not None and link.contacted.is_set() and \
-                    not link.task0_gone.is_set() and link.silent_s() > TASK0_SILENT_S:
+                    not link.task0_gone.is_set() and \
+                    min(link.silent_s(), now - resumed) > TASK0_SILENT_S:
                 job.cancel()
                 job.join(_CANCEL_WAIT_S)
                 raise _task0_silent(link.silent_s(), reports, job_id)
