@@ -247,14 +247,17 @@ class Coordinator:
         tells: if the caller cannot be reached either, this host is the one cut off, and
         its ranks are the lost ones; without a link the report names both possibilities."""
         silent = {f.rank for f in failures if f.unreachable}
-        here = next((p.task.host_hash for p in placements if p.task.index == 0), None)
+        task0 = next((p.task for p in placements if p.task.index == 0), None)
+        if task0 is None:
+            return failures
+        here = task0.host_hash
         away = {p.rank for p in placements if p.task.host_hash != here}
         if not away or not away <= silent:
             return failures
         reachable = self.route.caller_reachable(_CALLER_PROBE_S)
         if reachable:
             return failures  # the other hosts are cut off, as reported
-        name = next(p.task.hostname for p in placements if p.task.index == 0)
+        name = task0.hostname
         local = sorted(p.rank for p in placements if p.task.host_hash == here)
         others: Dict[str, List[int]] = {}
         for p in placements:

@@ -85,7 +85,6 @@ class CallerLink:
                                                        "coordinator": self._set_coordinator,
                                                        "where": self._where,
                                                        "report": self._report,
-                                                       "alive": lambda: True,
                                                        "beat": self._heard},
                                     hosts=hosts, limits=_LINK_LIMITS,
                                     on_disconnect=self._disconnected)
@@ -276,7 +275,7 @@ class OutputRoute:
         probe = ServiceClient("caller", self._secret, self._caller, timeout=timeout,
                               connect_timeout=timeout)
         try:
-            probe.call("alive", timeout=timeout)
+            probe.call("beat", timeout=timeout)
             return True
         except Exception:
             self._client = None  # a send still waiting on it fails by its own timeout

@@ -457,12 +457,17 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
     return rows.decode(job.rows or [])
 
 
+def _plan(reports: Sequence[Reports]) -> dict:
+    """Task 0's rank plan (task index -> [rank, host]) as a report brought it, or {}."""
+    return next((r.plan for r in reports if r.plan), {})
+
+
 def _task0_silent(silent_s: float, reports: Sequence[Reports], job_id: str) -> BaseException:
     """The error for a task 0 the caller stopped hearing from (see TASK0_SILENT_S)."""
     what = (f"task 0 (the job's coordinator) has not been heard from for {silent_s:.0f} s: "
             "its host is cut off from the caller (or the task is stalled), and Spark would "
             "notice its executor only after spark.network.timeout")
-    plan = next((r.plan for r in reports if r.plan), {})
+    plan = _plan(reports)
     if 0 not in plan:
         return RunError(what + "; see the Spark executor logs", job_id)
     host = plan[0][1]
@@ -482,7 +487,7 @@ def _job_failure(error: BaseException, reports: Sequence[Reports],
             return _rebuild_error(report.outcome, report.cause, job_id)
     text = summarize(error)
     failed = re.search(r"barrier task ResultTask\(\d+, (\d+)\)", text)
-    plan = next((r.plan for r in reports if r.plan), {})
+    plan = _plan(reports)
     if failed and int(failed.group(1)) in plan:
         index = int(failed.group(1))
         rank, host = plan[index]
