@@ -116,3 +116,43 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # Stable, so every worker collects the same order (xdist checks that they agree).
         items.sort(key=lambda item: _group_rank(item.nodeid))
+
+
+# --- executor folders of local-cluster applications --------------------------------------------
+# Spark's local-cluster workers keep each application's executor folders (their logs, the
+# files and archives shipped to them: an unpacked venv is 230 MB) under SPARK_HOME/work, which
+# for pip's pyspark is inside the virtualenv, and never delete them. The run removes the
+# folders its own applications made: in the controller (under xdist, after every worker has
+# ended), and only names that were not there when the run began.
+def _spark_work_folder():
+    import importlib.util
+
+    home = os.environ.get("SPARK_HOME")
+    if not home:
+        spec = importlib.util.find_spec("pyspark")
+        if spec is None or not spec.origin:
+            return None
+        home = os.path.dirname(spec.origin)
+    return os.path.join(home, "work")
+
+
+def _app_folders(work):
+    try:
+        return {name for name in os.listdir(work) if name.startswith("app-")}
+    except OSError:
+        return set()
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):
+        work = _spark_work_folder()
+        session.config._sdl_spark_work = (work, _app_folders(work) if work else set())
+
+
+def pytest_sessionfinish(session):
+    work, before = getattr(session.config, "_sdl_spark_work", (None, set()))
+    if work:
+        import shutil
+
+        for name in _app_folders(work) - before:
+            shutil.rmtree(os.path.join(work, name), ignore_errors=True)
