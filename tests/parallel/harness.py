@@ -10,6 +10,7 @@ after ``timeout`` seconds and every process is killed.
 import os
 import pickle
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,13 +79,16 @@ def collect(procs, outdir, server, timeout, wait_for=None):
                 outputs[i] = q.communicate()[0].decode(errors="replace")
         server.stop()
     results = []
-    for r, p in enumerate(procs):
-        path = os.path.join(outdir, f"rank.{r}")
-        payload = None
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                payload = pickle.load(f)
-        results.append((p.returncode, payload, outputs[r]))
+    try:
+        for r, p in enumerate(procs):
+            path = os.path.join(outdir, f"rank.{r}")
+            payload = None
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    payload = pickle.load(f)
+            results.append((p.returncode, payload, outputs[r]))
+    finally:
+        shutil.rmtree(outdir, ignore_errors=True)
     return results
 
 
@@ -104,19 +108,23 @@ def run_ranks_mpi(target, np_, env=None, timeout=120, args=()):
     e.update(env or {})
     cmd = ["mpirun", "-np", str(np_), sys.executable, os.path.join(HERE, "rank_main.py"), target,
            outdir] + list(args)
-    p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       timeout=timeout, start_new_session=True)
-    output = p.stdout.decode(errors="replace")
-    values = []
-    for r in range(np_):
-        path = os.path.join(outdir, f"rank.{r}")
-        if not os.path.exists(path):
-            raise RankFailed(f"rank {r} wrote no result (mpirun exit {p.returncode}):\n{output}")
-        with open(path, "rb") as f:
-            payload = pickle.load(f)
-        if not payload["ok"]:
-            raise RankFailed(f"rank {r} failed:\n{payload['traceback']}\noutput:\n{output}")
-        values.append(payload["value"])
+    try:
+        p = subprocess.run(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout, start_new_session=True)
+        output = p.stdout.decode(errors="replace")
+        values = []
+        for r in range(np_):
+            path = os.path.join(outdir, f"rank.{r}")
+            if not os.path.exists(path):
+                raise RankFailed(f"rank {r} wrote no result (mpirun exit {p.returncode}):\n"
+                                 f"{output}")
+            with open(path, "rb") as f:
+                payload = pickle.load(f)
+            if not payload["ok"]:
+                raise RankFailed(f"rank {r} failed:\n{payload['traceback']}\noutput:\n{output}")
+            values.append(payload["value"])
+    finally:
+        shutil.rmtree(outdir, ignore_errors=True)
     return values
 
 

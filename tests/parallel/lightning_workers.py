@@ -5,6 +5,7 @@ reference (training on the union of both ranks' batches) by itself.
 """
 
 import os
+import shutil
 import tempfile
 import warnings
 
@@ -127,6 +128,9 @@ def fit_two_ranks(accumulate=1):
     with torch.no_grad():
         ref_val = float(F.mse_loss(ref(vx), vy))
     files = sorted(os.listdir(ckpt_dir)) if os.path.isdir(ckpt_dir) else []
+    sdl.allreduce(torch.zeros(1), name="ckpt_listed")  # every rank has looked
+    if sdl.rank() == 0:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
     return {
         "weights": [p.detach().clone() for p in module.net.parameters()],
         "ref_weights": [p.detach().clone() for p in ref.parameters()],
