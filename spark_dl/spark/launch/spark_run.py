@@ -419,8 +419,6 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
             if verdict_at is None and link is not None and link.contacted.is_set() and \
                     not link.task0_gone.is_set() and \
                     min(link.silent_s(), now - resumed) > TASK0_SILENT_S:
-                job.cancel()
-                job.join(_CANCEL_WAIT_S)
                 raise _task0_silent(link.silent_s(), reports, job_id)
             if verdict_at is not None and time.monotonic() - verdict_at > wait_s:
                 job.cancel()
@@ -433,14 +431,12 @@ def _wait(job: SparkJob, link: Optional[CallerLink], follower: Optional[SpoolFol
                 follower is not None and follower.started)
             if start_timeout is not None and not started and \
                     time.monotonic() - start > start_timeout + grace:
-                job.cancel()
-                job.join(_CANCEL_WAIT_S)
                 raise StartTimeoutError(
                     f"Spark did not start the job's {num_proc} barrier tasks within "
                     f"{start_timeout + grace:g} s (start_timeout plus {grace:g} s): a barrier "
                     "stage waits until all its slots are free at once; free the cluster or "
                     "lower num_proc", job_id)
-    except BaseException:
+    except BaseException:  # a start timeout, task 0's silence, an interrupt
         job.cancel()
         job.join(_CANCEL_WAIT_S)
         raise
