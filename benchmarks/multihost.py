@@ -25,7 +25,10 @@ Peers (each rank started on its host with nsenter; ranks of one host share its m
                          the step: hvd.allreduce_async_ per tensor, then hvd.synchronize.
   spark_dl hierarchical  the same with SDL_HIERARCHICAL=1: shared memory within a host, Gloo
                          between one leader per host (2 x 2 only: with one rank per host it
-                         is the flat path).
+                         is the flat path); allreduces over SDL_HIERARCHICAL_CHUNK_BYTES
+                         (4 MiB) pipelined in chunks.
+  spark_dl hierarchical, serial (--peers ...,hier_serial; not by default): the same with
+                         SDL_HIERARCHICAL_CHUNK_BYTES=0, the three phases one after the other.
   torch gloo             torch.distributed, gloo backend, GLOO_SOCKET_IFNAME=eth0; the step:
                          dist.all_reduce(t, async_op=True) per tensor, then wait on each.
   Open MPI               mpi4py Allreduce (IN_PLACE) on NumPy buffers; the step: Iallreduce
@@ -64,10 +67,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NETNS_PATH = os.path.join(ROOT, "tests", "cluster", "netns.py")
 
-PEERS = ("flat", "hier", "torch", "mpi")
-LABELS = {"flat": "spark_dl flat", "hier": "spark_dl hierarchical", "torch": "torch gloo",
+PEERS = ("flat", "hier", "hier_serial", "torch", "mpi")
+LABELS = {"flat": "spark_dl flat", "hier": "spark_dl hierarchical",
+          "hier_serial": "spark_dl hierarchical, serial", "torch": "torch gloo",
           "mpi": "Open MPI"}
-SPARK_DL = ("flat", "hier")
+SPARK_DL = ("flat", "hier", "hier_serial")
+HIER = ("hier", "hier_serial")
 LAYOUTS = {"2x2": (2, 2), "4x1": (4, 1)}   # name: (hosts, ranks per host)
 TARGET_BUS_SHARE = 0.85
 TARGET_HIER = 1.3
@@ -303,7 +308,7 @@ def _result(logs, failed):
     return result
 
 
-def run_store_job(cluster, hosts, per_host, peer, wargs, timeout, workdir):
+def run_store_job(cluster, hosts, per_host, peer, wargs, timeout, workdir, hier_chunk=None):
     """spark_dl or torch: one process per rank, started on its host with Host.popen."""
     n = len(hosts) * per_host
     env_common = {"PYTHONUNBUFFERED": "1"}
@@ -318,7 +323,11 @@ def run_store_job(cluster, hosts, per_host, peer, wargs, timeout, workdir):
                           SDL_SECRET_KEY=secret.hex(), SDL_JOB_ID=secrets.token_hex(8),
                           SDL_CONTROLLER="gloo", SDL_SIZE=n, SDL_LOCAL_SIZE=per_host,
                           SDL_CROSS_SIZE=len(hosts), SDL_START_TIMEOUT=60,
-                          SDL_HIERARCHICAL=1 if peer == "hier" else 0)
+                          SDL_HIERARCHICAL=1 if peer in HIER else 0)
+        if peer == "hier_serial":  # the three phases one after the other (no pipeline)
+            env_common["SDL_HIERARCHICAL_CHUNK_BYTES"] = 0
+        elif peer == "hier" and hier_chunk is not None:
+            env_common["SDL_HIERARCHICAL_CHUNK_BYTES"] = hier_chunk
     else:
         env_common.update(MASTER_ADDR=hosts[0].address,
                           MASTER_PORT=20000 + secrets.randbelow(30000),
@@ -410,15 +419,15 @@ def job_timeout(args, rate, n):
 
 def peers_for(layout, peers):
     """The peers of a layout: hierarchical only where a host has several ranks."""
-    return [p for p in peers if not (p == "hier" and LAYOUTS[layout][1] == 1)]
+    return [p for p in peers if not (p in HIER and LAYOUTS[layout][1] == 1)]
 
 
-def run_job(cluster, layout, peer, wargs, timeout, workdir, mpi_args):
+def run_job(cluster, layout, peer, wargs, timeout, workdir, mpi_args, hier_chunk=None):
     hosts_n, per_host = LAYOUTS[layout]
     hosts = cluster.hosts[:hosts_n]
     if peer == "mpi":
         return run_mpi_job(cluster, hosts, per_host, wargs, timeout, workdir, mpi_args)
-    return run_store_job(cluster, hosts, per_host, peer, wargs, timeout, workdir)
+    return run_store_job(cluster, hosts, per_host, peer, wargs, timeout, workdir, hier_chunk)
 
 
 def measure(args, netns):
@@ -446,7 +455,7 @@ def measure(args, netns):
                         try:
                             cfg["results"][peer].append(
                                 run_job(cluster, layout, peer, wargs, timeout, workdir,
-                                        args.mpi_args))
+                                        args.mpi_args, args.hier_chunk_bytes))
                             status = "done"
                         except JobFailed as e:
                             cfg["errors"].setdefault(peer, []).append(str(e))
@@ -558,6 +567,10 @@ def targets(args, out, layout):
         print(f"- hierarchical / flat: {gain:.2f}x on the allreduce (ideal 1.5x: 2(n-1)/n = 1.5 "
               f"against 2(H-1)/H = 1 x bytes per host link), {step_gain:.2f}x on the step; "
               f"target >= {TARGET_HIER}x: {'met' if met['hier_1_3x_flat'] else 'NOT met'}")
+    if "hier" in peers and "hier_serial" in peers:
+        ratio = (peers["hier_serial"]["allreduce_s"]["median"]
+                 / peers["hier"]["allreduce_s"]["median"])
+        print(f"- pipelined / serial hierarchical: {ratio:.2f}x on the allreduce")
     return met
 
 
@@ -571,8 +584,8 @@ def main():
                              "10gbit,1gbit; --quick: the first only)")
     parser.add_argument("--layouts", default="2x2,4x1",
                         help="hosts x ranks per host (default 2x2,4x1)")
-    parser.add_argument("--peers", default=",".join(PEERS),
-                        help=f"subset of {','.join(PEERS)} (default: all)")
+    parser.add_argument("--peers", default=",".join(p for p in PEERS if p != "hier_serial"),
+                        help=f"subset of {','.join(PEERS)} (default: all but hier_serial)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="jobs of every peer per rate and layout, interleaved (default 3)")
     parser.add_argument("--iters", type=int, default=10,
@@ -584,6 +597,9 @@ def main():
     parser.add_argument("--tensors", type=int, default=200, help="tensors per step (default 200)")
     parser.add_argument("--elements", type=int, default=4096,
                         help="float32 elements per step tensor (default 4096: 16 KiB)")
+    parser.add_argument("--hier-chunk-bytes", type=int, default=None,
+                        help="SDL_HIERARCHICAL_CHUNK_BYTES of the hier peer (default: the "
+                             "core's, 4 MiB; hier_serial always runs with 0)")
     parser.add_argument("--mpi-args", type=shlex.split, default=[],
                         help="extra mpirun options (write --mpi-args='...')")
     parser.add_argument("--job-timeout", type=float, default=0,

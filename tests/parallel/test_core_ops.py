@@ -12,11 +12,15 @@ TRANSPORTS = {"shm": {"SDL_SHM": "1"}, "gloo": {"SDL_SHM": "0", "SDL_CONTROLLER"
 # Two simulated hosts (the last rank alone on the second): shared memory within
 # a host, Gloo/MPI between leaders (hierarchical); with 2 ranks plain Gloo/MPI.
 TRANSPORTS["hier"] = {"SDL_SHM": "1", "SDL_CONTROLLER": "gloo"}
+# The same with every allreduce over 4 KiB pipelined in 4 KiB chunks (the leader's
+# cross-host allreduces on their own thread; 3 ranks only: 2 ranks are not hierarchical).
+CHUNKS = {"SDL_HIERARCHICAL_CHUNK_BYTES": "4096"}
+TRANSPORTS["hier_chunks"] = {**TRANSPORTS["hier"], **CHUNKS}
 if _core.build_info()["mpi"]:
     TRANSPORTS["mpi"] = {"SDL_SHM": "0", "SDL_CONTROLLER": "mpi"}
     TRANSPORTS["hier_mpi"] = {"SDL_SHM": "1", "SDL_CONTROLLER": "mpi"}
-EXPECTED_KIND = {"shm": "shm", "gloo": "gloo", "mpi": "mpi", "hier": "hierarchical",
-                 "hier_mpi": "hierarchical"}
+    TRANSPORTS["hier_mpi_chunks"] = {**TRANSPORTS["hier_mpi"], **CHUNKS}
+EXPECTED_KIND = {t: "hierarchical" if t.startswith("hier") else t for t in TRANSPORTS}
 
 
 def _env(transport, np_):
@@ -28,7 +32,7 @@ def _env(transport, np_):
 
 def _expected_kind(transport, np_):
     if transport.startswith("hier") and np_ == 2:
-        return "mpi" if transport == "hier_mpi" else "gloo"
+        return "mpi" if transport.startswith("hier_mpi") else "gloo"
     return EXPECTED_KIND[transport]
 _results = {}
 
@@ -39,8 +43,8 @@ def _matrix(np_, transport):
         launcher="mpi" if "mpi" in transport else "store"))
 
 
-@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
-@pytest.mark.parametrize("np_", [2, 3])
+@pytest.mark.parametrize("np_,transport", [(np_, t) for t in sorted(TRANSPORTS) for np_ in (2, 3)
+                                           if np_ == 3 or not t.endswith("_chunks")])
 @pytest.mark.parametrize("case", cases())
 def test_op(case, np_, transport):
     per_rank = _matrix(np_, transport)

@@ -21,6 +21,8 @@ BIG_OPS = ("Sum", "Average", "Max")
 
 TRANSPORTS = {"shm": {"SDL_SHM": "1"}, "gloo": {"SDL_SHM": "0", "SDL_CONTROLLER": "gloo"},
               "hier": {"SDL_SHM": "1", "SDL_CONTROLLER": "gloo"}}
+# Every allreduce over 64 KiB pipelined in 64 KiB chunks (see test_core_ops).
+TRANSPORTS["hier_chunks"] = {**TRANSPORTS["hier"], "SDL_HIERARCHICAL_CHUNK_BYTES": "65536"}
 
 
 def _bits(t):
@@ -142,7 +144,7 @@ def identical():
 
 def _env(transport, np_):
     env = dict(TRANSPORTS[transport])
-    if transport == "hier":
+    if transport.startswith("hier"):
         env["SDL_TEST_HOSTS"] = ",".join(["a"] * (np_ - 1) + ["b"])
     return env
 
@@ -150,11 +152,12 @@ def _env(transport, np_):
 _results = {}
 
 
-@pytest.mark.parametrize("transport,np_", [("shm", 2), ("shm", 3), ("hier", 3), ("gloo", 2)])
+@pytest.mark.parametrize("transport,np_", [("shm", 2), ("shm", 3), ("hier", 3), ("hier_chunks", 3),
+                                           ("gloo", 2)])
 def test_out_of_place_matches_in_place(transport, np_):
     per_rank = run_once(_results, (transport, np_), lambda: run_ranks(
         "test_core_out_of_place:identical", np_, env=_env(transport, np_), timeout=400))
-    want_kind = {"shm": "shm", "gloo": "gloo", "hier": "hierarchical"}[transport]
+    want_kind = "hierarchical" if transport.startswith("hier") else transport
     assert {r["__transport__"] for r in per_rank} == {want_kind}
     errors = {(rank, case): err for rank, r in enumerate(per_rank) for case, err in r.items()
               if not case.startswith("__") and case != "pool_reused" and err is not None}

@@ -350,8 +350,14 @@ std::unique_ptr<Comm> Runtime::MakeComm(int32_t id, const std::vector<int32_t>& 
     std::unique_ptr<Comm> local_comm = MakeShm(tag + "_h" + host_index, local, local_index);
     std::unique_ptr<Comm> cross;
     if (local_index == 0) cross = MakeNetwork(tag + "_leaders", leaders, leader_index);
+    // Pipelined allreduces run the leaders' transport on a second thread: MPI
+    // allows that only with MPI_THREAD_MULTIPLE (inline_ok_ says so, the same on
+    // every rank of a job).
+    const size_t chunk = inline_ok_ && config_.hierarchical_chunk_bytes > 0
+                             ? static_cast<size_t>(config_.hierarchical_chunk_bytes)
+                             : 0;
     return std::make_unique<HierarchicalComm>(std::move(local_comm), std::move(cross),
-                                              MakeNetwork(tag, ranks, my));
+                                              MakeNetwork(tag, ranks, my), chunk);
   }
   return MakeNetwork(tag, ranks, my);
 }
