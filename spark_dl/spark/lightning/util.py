@@ -53,11 +53,15 @@ def to_batch(arrays: Mapping[str, np.ndarray], feature_cols: List[str],
              input_shapes: Optional[List[List[int]]],
              dtype: torch.dtype) -> Dict[str, torch.Tensor]:
     """A loader batch (column -> NumPy array) as the dict a Lightning step receives."""
+    from spark_dl.spark.torch.util import as_tensor
+
     out = {}
     shapes = dict(zip(feature_cols, input_shapes or []))
     for col, value in arrays.items():
-        t = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) \
-            else value
+        # transform's columns are views of Arrow's read-only buffers, which may pass through
+        # to the output: as_tensor copies those, so a module writing into its input in place
+        # cannot change them (and torch does not warn about them).
+        t = as_tensor(value) if isinstance(value, np.ndarray) else value
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
             t = t.to(dtype)
         if col in shapes:

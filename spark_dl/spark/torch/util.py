@@ -28,7 +28,7 @@ from spark_dl.spark.common.prediction import torch_prediction_kind
 from spark_dl.torch import _device as tensor_device
 
 __all__ = ["model_dtype", "default_input_shapes", "batch_input_shapes", "torch_batch",
-           "feature_tensors", "label_tensors", "match_outputs", "loss_mismatch", "per_row",
+           "as_tensor", "feature_tensors", "label_tensors", "match_outputs", "loss_mismatch", "per_row",
            "make_loss_fn", "metric_names", "describe", "predict"]
 
 
@@ -73,7 +73,9 @@ def torch_batch(arrays: Mapping[str, np.ndarray]) -> Dict[str, torch.Tensor]:
             for k, v in arrays.items()}
 
 
-def _as_tensor(value) -> torch.Tensor:
+def as_tensor(value) -> torch.Tensor:
+    """A batch column as a tensor: a tensor as it is, a NumPy array without a copy unless it
+    is read-only (then copied once, see below). Lightning's batches are made by it too."""
     if isinstance(value, torch.Tensor):
         return value
     value = np.ascontiguousarray(value)
@@ -129,7 +131,7 @@ def feature_tensors(batch: Mapping[str, object], feature_cols: Sequence[str],
     """The model inputs of a batch (column -> NumPy array or tensor), see the module doc."""
     inputs = []
     for col, shape in zip(feature_cols, input_shapes):
-        t = _as_tensor(batch[col])
+        t = as_tensor(batch[col])
         if t.dtype != dtype:
             t = t.to(dtype)
         try:
@@ -153,7 +155,7 @@ def label_tensors(batch: Mapping[str, object], label_cols: Sequence[str],
     """The labels of a batch, reshaped to ``label_shapes`` if given (dtype left as read)."""
     labels = []
     for i, col in enumerate(label_cols):
-        t = _as_tensor(batch[col])
+        t = as_tensor(batch[col])
         if label_shapes is not None:
             try:
                 t = t.reshape(label_shapes[i])
