@@ -46,8 +46,10 @@ counts Ethernet and IP/TCP headers too (about 4.4% at MTU 1500).
 Printed per rate and layout: each peer's median, p10 and p90 over every call of every
 round, the per-round medians, spark_dl's best (the faster of flat and hierarchical) as a
 speed ratio against every peer (peer time / spark_dl time: >= 1 means spark_dl is at least
-as fast), and issue 31's targets: spark_dl's best >= every peer, busbw >= 85% of the link
-bound, hierarchical >= 1.3x flat at 2 x 2.
+as fast), for spark_dl how long the step's ``allreduce_async_`` calls alone take and the
+core's counters per step (cycles, collectives, response-cache hits), and issue 31's
+targets: spark_dl's best >= every peer, busbw >= 85% of the link bound, hierarchical >= 1.3x
+flat at 2 x 2.
 """
 
 import argparse
@@ -74,6 +76,8 @@ LABELS = {"flat": "spark_dl flat", "hier": "spark_dl hierarchical",
 SPARK_DL = ("flat", "hier", "hier_serial")
 HIER = ("hier", "hier_serial")
 LAYOUTS = {"2x2": (2, 2), "4x1": (4, 1)}   # name: (hosts, ranks per host)
+STEP_COUNTERS = ("cycles", "collectives", "cache_hits")
+SDL_ENV = {}   # --env: settings for every spark_dl rank
 TARGET_BUS_SHARE = 0.85
 TARGET_HIER = 1.3
 
@@ -102,6 +106,9 @@ class _Peer:
 
     def fill(self, buf, value):
         buf.fill(value)
+
+    def counters(self):
+        return {}
 
     def equal(self, buf, value):
         return bool((buf == value).all())
@@ -155,8 +162,14 @@ class _SparkDlPeer(_TorchTensors):
 
         hvd.init()
         self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()
+        self.enqueue = []
         super().__init__(*args)
         self.info["transport"] = sdl_np.transport()
+
+    def counters(self):
+        import spark_dl.numpy as sdl_np
+
+        return sdl_np.counters()
 
     def allreduce(self):
         self.hvd.allreduce_(self.buf, op=self.hvd.Sum, name="big")
@@ -164,8 +177,10 @@ class _SparkDlPeer(_TorchTensors):
     def step(self):
         """Horovod's pattern: start every tensor's allreduce, then wait for all of them."""
         hvd = self.hvd
+        t0 = time.perf_counter()
         handles = [hvd.allreduce_async_(g, name=n, op=hvd.Sum)
                    for g, n in zip(self.grads, self.names)]
+        self.enqueue.append(time.perf_counter() - t0)
         for h in handles:
             hvd.synchronize(h)
 
@@ -210,7 +225,9 @@ def make_peer(peer, size_bytes, tensors, elements):
 
 
 def _timed(peer, call, bufs, iters, warmup, what):
-    """A first call on ones checks the sum; warm-up and timed calls then reduce zeros."""
+    """A first call on ones checks the sum; warm-up and timed calls then reduce zeros. The
+    core's counters over the timed calls (spark_dl; empty for the others) go to
+    ``peer.last_counters``, per call."""
     for b in bufs:
         peer.fill(b, 1)
     call()
@@ -222,10 +239,12 @@ def _timed(peer, call, bufs, iters, warmup, what):
         call()
     peer.barrier()
     samples, clock = [], time.perf_counter
+    before = peer.counters()
     for _ in range(iters):
         t0 = clock()
         call()
         samples.append(clock() - t0)
+    peer.last_counters = H.counter_delta(before, peer.counters(), STEP_COUNTERS, iters)
     return samples
 
 
@@ -237,6 +256,9 @@ def worker(args):
     out["allreduce"] = _timed(peer, peer.allreduce, [peer.buf], args.iters, args.warmup,
                               "allreduce")
     out["step"] = _timed(peer, peer.step, peer.grads, args.steps, args.warmup, "step")
+    if peer.last_counters:  # spark_dl: the calls alone within each timed step, the counters
+        out["step_enqueue"] = peer.enqueue[-args.steps:]
+        out["step_counters"] = peer.last_counters
     if peer.rank == 0:
         H.print_result(out)
     peer.close()
@@ -314,6 +336,7 @@ def run_store_job(cluster, hosts, per_host, peer, wargs, timeout, workdir, hier_
     env_common = {"PYTHONUNBUFFERED": "1"}
     server = None
     if peer in SPARK_DL:
+        env_common.update(SDL_ENV)
         from spark_dl.runner.kvstore import KVStoreServer
 
         secret = secrets.token_bytes(32)
@@ -526,6 +549,15 @@ def report(args, configs):
             ["peer", f"{H.fmt_size(args.size)} median", "p10 / p90", "busbw GB/s",
              "share of link", "share of own bound", "per-round medians", "step median",
              "step p10 / p90", "step per-round medians", "start-up"], rows) + "\n")
+        for peer, rounds in res.items():
+            if rounds[0].get("step_enqueue"):
+                calls = H.median(H.pooled(r["step_enqueue"] for r in rounds))
+                per = {k: H.median([r["step_counters"][k] for r in rounds])
+                       for k in STEP_COUNTERS}
+                out["peers"][peer].update(step_enqueue_s=calls, step_counters=per)
+                print(f"- {LABELS[peer]}: the step's {args.tensors} `allreduce_async_` calls "
+                      f"take {H.fmt_time(calls)} of it (median, rank 0); per step "
+                      + ", ".join(f"{v:.1f} {k}" for k, v in per.items()))
         out["targets"] = targets(args, out, layout)
         summary.append(out)
         print()
@@ -605,6 +637,9 @@ def main():
     parser.add_argument("--job-timeout", type=float, default=0,
                         help="seconds one job may take (default: 60 + 5x its transfers at "
                              "the shaped rate)")
+    parser.add_argument("--env", action="append", default=[], metavar="SDL_KNOB=VALUE",
+                        help="a setting for every spark_dl rank (repeatable), e.g. "
+                             "--env SDL_CYCLE_TIME=0.5")
     parser.add_argument("--json", metavar="FILE", help="save the options, raw times and summary")
     parser.add_argument("--quick", action="store_true",
                         help="a short run for tests: the first rate and layout, 1 round, "
@@ -613,6 +648,11 @@ def main():
     if args.worker:
         worker(args)
         return 0
+    for item in args.env:
+        key, eq, value = item.partition("=")
+        if not eq or not key.startswith("SDL_"):
+            parser.error(f"--env {item!r}: expected SDL_NAME=VALUE")
+        SDL_ENV[key] = value
     args.rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     args.layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]

@@ -1,5 +1,7 @@
 """benchmarks/multihost.py --quick on namespace hosts: every peer measured, the ratios and
-issue 31's targets printed, nothing left behind (conftest.py checks the namespaces)."""
+issue 31's targets printed, spark_dl's step split (its calls, the core's counters), settings
+passed to spark_dl's ranks with --env, nothing left behind (conftest.py checks the
+namespaces)."""
 
 import os
 import subprocess
@@ -17,8 +19,11 @@ def test_quick_run_prints_every_peer_and_the_ratios(tmp_path):
     # About 30 s on a quiet 2-core machine, 50 s at load average 8. Each job is bounded
     # by the script too, so a hang shows up as a failed peer first; past the bound the
     # script gets SIGTERM, on which netns.py removes the hosts (conftest.py checks it).
-    proc = subprocess.Popen([sys.executable, SCRIPT, "--quick", "--json", str(out)], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Fusion off through --env: every tensor of the step is then a collective of its own,
+    # which the counters must show (so the setting reached the ranks, and they count).
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--quick", "--json", str(out),
+                             "--env", "SDL_FUSION_THRESHOLD=0"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         text, err = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -47,5 +52,10 @@ def test_quick_run_prints_every_peer_and_the_ratios(tmp_path):
     (config,) = saved["summary"]
     assert set(config["peers"]) == {"flat", "hier", "torch", "mpi"}
     assert config["peers"]["hier"]["transport"] == "hierarchical"
+    for peer in ("flat", "hier"):
+        mine = config["peers"][peer]
+        assert mine["step_counters"]["collectives"] == 200, mine
+        assert 0 < mine["step_enqueue_s"] < mine["step_s"]["median"], mine
+    assert text.count("`allreduce_async_` calls take") == 2, text
     assert set(config["targets"]) == {"best_allreduce_vs_peers", "best_step_vs_peers",
                                       "busbw_85pct", "hier_1_3x_flat"}
