@@ -26,15 +26,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 from _spark import local_spark
-
-# This folder holds benchmarks/keras.py and benchmarks/lightning.py: while it is on sys.path,
-# ``import keras`` and ``import lightning`` would import those scripts instead.
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 
 
 def make_data(spark, rows, width, cores):

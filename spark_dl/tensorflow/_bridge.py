@@ -10,7 +10,7 @@ Why ``numpy_function`` and not ``py_function`` + DLPack: both cross the same Pyt
 boundary once per op, but ``py_function`` runs its body eagerly on EagerTensors, and each
 tensor then needs a DLPack export in and a TensorFlow-allocated output; for 50 gradients
 packed into one tensor it measured slightly slower (1 rank: +2.1 ms per step against
-+1.5 ms; unpacked, 50 tensors: +12 ms against +5 ms; benchmarks/keras.py, docs/keras.md).
++1.5 ms; unpacked, 50 tensors: +12 ms against +5 ms; benchmarks/keras_train.py, docs/keras.md).
 bfloat16 has no NumPy dtype the core accepts, so it travels as float32 (cast in
 TensorFlow on both sides of the op).
 

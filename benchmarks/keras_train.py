@@ -2,10 +2,10 @@
 TensorFlow's own MultiWorkerMirroredStrategy, and the per-step overhead of spark_dl's
 allreduce op inside tf.function.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/keras.py                  # 3 jobs
-    PYTHONPATH=. .venv/bin/python benchmarks/keras.py --quick
-    PYTHONPATH=. .venv/bin/python benchmarks/keras.py --overhead-only
-    PYTHONPATH=. .venv/bin/python benchmarks/keras.py --separate-jobs --steps 80
+    PYTHONPATH=. .venv/bin/python benchmarks/keras_train.py                  # 3 jobs
+    PYTHONPATH=. .venv/bin/python benchmarks/keras_train.py --quick
+    PYTHONPATH=. .venv/bin/python benchmarks/keras_train.py --overhead-only
+    PYTHONPATH=. .venv/bin/python benchmarks/keras_train.py --separate-jobs --steps 80
 
 Throughput. One ``sdlrun -np 2`` job per round holds every peer: each rank initializes
 spark_dl, then (before any TensorFlow op, as the strategy requires) a
@@ -55,21 +55,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# This file is named keras.py: its folder must not be on sys.path, or ``import keras``
-# would import this script. _harness is loaded by path instead.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
-
-def _load_harness():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_harness", os.path.join(HERE, "_harness.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-H = _load_harness()
+import _harness as H  # noqa: E402  (benchmarks/, this script's folder)
 
 MARK = "SDL_KERAS_BENCH "
 PEERS = ("spark_dl", "mwms", "spark_dl_fit", "local")

@@ -1,8 +1,8 @@
 """Lightning training throughput: spark_dl's ``SparkDLStrategy`` against Lightning's own
 ``DDPStrategy`` (gloo on CPU) on the same LightningModule, in the same run.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/lightning.py                 # 3 jobs
-    PYTHONPATH=. .venv/bin/python benchmarks/lightning.py --rounds 1 --fits 4 --steps 20
+    PYTHONPATH=. .venv/bin/python benchmarks/lightning_train.py                 # 3 jobs
+    PYTHONPATH=. .venv/bin/python benchmarks/lightning_train.py --rounds 1 --fits 4 --steps 20
 
 How it measures. One ``sdlrun -np 2`` job holds both peers: each rank initializes spark_dl
 and a torch.distributed gloo process group (Lightning's DDP then finds it initialized and
@@ -33,9 +33,6 @@ import _harness as H
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# This file is named like the package it measures: take its folder off the path (after
-# importing _harness from it) so that ``import lightning`` finds Lightning.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 RESULT_MARK = "SDL_LIGHTNING_BENCH "
