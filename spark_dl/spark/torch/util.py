@@ -28,8 +28,8 @@ from spark_dl.spark.common.prediction import torch_prediction_kind
 from spark_dl.torch import _device as tensor_device
 
 __all__ = ["model_dtype", "default_input_shapes", "batch_input_shapes", "torch_batch",
-           "as_tensor", "feature_tensors", "label_tensors", "match_outputs", "loss_mismatch", "per_row",
-           "make_loss_fn", "metric_names", "describe", "predict"]
+           "as_tensor", "feature_tensors", "label_tensors", "match_outputs", "loss_mismatch",
+           "per_row", "make_loss_fn", "metric_names", "describe", "predict"]
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
