@@ -6,6 +6,7 @@ allreduce op inside tf.function.
     PYTHONPATH=. .venv/bin/python benchmarks/keras_train.py --quick
     PYTHONPATH=. .venv/bin/python benchmarks/keras_train.py --overhead-only
     PYTHONPATH=. .venv/bin/python benchmarks/keras_train.py --separate-jobs --steps 80
+    PYTHONPATH=. .venv/bin/python benchmarks/keras_train.py --load 2 --overhead-steps 0
 
 Throughput. One ``sdlrun -np 2`` job per round holds every peer: each rank initializes
 spark_dl, then (before any TensorFlow op, as the strategy requires) a
@@ -23,6 +24,9 @@ spark_dl_fit      the train function ``model.fit`` compiles, with
                   ``DistributedOptimizer(SGD)``, called step by step
 local             the ``tf.function`` step with no communication (the ceiling under the
                   same CPU contention)
+local_fit         ``model.fit``'s train function with the plain optimizer: no
+                  communication, the ceiling of ``spark_dl_fit`` (issue 34's target:
+                  ``spark_dl_fit`` >= 93% of it)
 ================  ======================================================================
 
 Timed stretches of ``--steps`` steps alternate between the peers (``--iters`` per peer,
@@ -60,10 +64,12 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import _harness as H  # noqa: E402  (benchmarks/, this script's folder)
 
 MARK = "SDL_KERAS_BENCH "
-PEERS = ("spark_dl", "mwms", "spark_dl_fit", "local")
+PEERS = ("spark_dl", "mwms", "spark_dl_fit", "local", "local_fit")
+FIT_TARGET = 0.93  # issue 34: model.fit with spark_dl >= 93% of model.fit without communication
 LABELS = {"spark_dl": "spark_dl DistributedGradientTape (tf.function loop)",
           "spark_dl_fit": "spark_dl DistributedOptimizer (model.fit's train function)",
           "local": "no communication (ceiling, tf.function loop)",
+          "local_fit": "no communication (ceiling, model.fit's train function)",
           "mwms": "tf.distribute MultiWorkerMirroredStrategy (strategy.run loop)"}
 
 
@@ -111,9 +117,9 @@ def worker_spark_dl(args, peer):
     model = small_cnn()
     opt = keras.optimizers.SGD(0.01, momentum=0.9)
     x, y = _batch(args)
-    if peer == "spark_dl_fit":
-        model.compile(optimizer=hvd.DistributedOptimizer(opt), loss=_loss_fn(keras),
-                      jit_compile=False)
+    if peer in ("spark_dl_fit", "local_fit"):
+        model.compile(optimizer=hvd.DistributedOptimizer(opt) if peer == "spark_dl_fit" else opt,
+                      loss=_loss_fn(keras), jit_compile=False)
         ds = tf.data.Dataset.from_tensors((x, y)).repeat()
         it = iter(ds)
         # model.fit's own loop, one step per call: the same timing as the other peers.
@@ -238,14 +244,18 @@ def worker_interleaved(args):
     steps["mwms"] = mwms_step
     steps["spark_dl"] = tape_step(*build(), distributed=True)
     steps["local"] = tape_step(*build(), distributed=False)
-    fit_model, fit_opt = build()
-    fit_model.compile(optimizer=hvd.DistributedOptimizer(fit_opt), loss=loss_fn,
-                      jit_compile=False)
     ds = tf.data.Dataset.from_tensors((x, y)).repeat()
-    fit_model.fit(ds, steps_per_epoch=1, epochs=1, verbose=0)
-    it = iter(ds)
-    train = fit_model.make_train_function()
-    steps["spark_dl_fit"] = lambda: train(it)
+
+    def fit_step(distributed):
+        # model.fit's own train function, one step per call (what fit's loop calls).
+        model, opt = build()
+        model.compile(optimizer=hvd.DistributedOptimizer(opt) if distributed else opt,
+                      loss=loss_fn, jit_compile=False)
+        model.fit(ds, steps_per_epoch=1, epochs=1, verbose=0)
+        it, train = iter(ds), model.make_train_function()
+        return lambda: train(it)
+    steps["spark_dl_fit"] = fit_step(distributed=True)
+    steps["local_fit"] = fit_step(distributed=False)
 
     peers = [p for p in PEERS if p in args.peers.split(",")]
     for p in peers:
@@ -259,7 +269,7 @@ def worker_interleaved(args):
             t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
                 t_grads = steps[p]()
-                if args.sync_timing and p != "spark_dl_fit":
+                if args.sync_timing and p not in ("spark_dl_fit", "local_fit"):
                     stamps[p].append((float(t_grads), time.time()))
             rates[p].append(args.batch_size * args.steps / (time.perf_counter() - t0))
             cpu_ms[p].append((time.process_time() - c0) * 1e3 / args.steps)
@@ -405,7 +415,7 @@ def _run_processes(args, peer, np_):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    if peer == "local":  # every process prints (each is rank 0): keep the first's
+    if peer in ("local", "local_fit"):  # every process prints (each is rank 0): keep one
         done = done[:1] + [subprocess.CompletedProcess(p.args, 0, "", "") for p in done[1:]]
     return _result(done)
 
@@ -431,6 +441,7 @@ def _interleaved_report(args, peers):
     sync = {p: [] for p in peers}
     pairs = {p: [] for p in peers}
     per_job = {p: [] for p in peers}
+    fit_jobs, fit_pairs = [], []  # spark_dl_fit / local_fit, per job and per stretch pair
     for r in range(args.rounds):
         t0 = time.perf_counter()
         res = _run_sdlrun(args, "interleaved", args.np)
@@ -442,6 +453,10 @@ def _interleaved_report(args, peers):
             if "spark_dl" in rates:
                 pairs[p] += [a / b for a, b in zip(rates["spark_dl"], v)]
                 per_job[p].append(statistics.median(rates["spark_dl"]) / statistics.median(v))
+        if "spark_dl_fit" in rates and "local_fit" in rates:
+            fit, ceiling = rates["spark_dl_fit"], rates["local_fit"]
+            fit_jobs.append(statistics.median(fit) / statistics.median(ceiling))
+            fit_pairs += [a / b for a, b in zip(fit, ceiling)]
         print(f"  job {r + 1}/{args.rounds} done ({time.perf_counter() - t0:.0f} s, load "
               f"{os.getloadavg()[0]:.1f}); spark_dl / peer: "
               + ", ".join(f"{p} {per_job[p][-1]:.3f}" for p in peers if per_job[p]),
@@ -463,6 +478,15 @@ def _interleaved_report(args, peers):
         print(f"| {LABELS[peer]} | {med:.1f} | {_quantile(v, 0.1):.1f}-{_quantile(v, 0.9):.1f} "
               f"| {statistics.median(cpu[peer]):.1f} | {ratio} | {jobs} | {pr} |")
     print()
+    if fit_jobs:
+        share = statistics.median(samples["spark_dl_fit"]) / statistics.median(
+            samples["local_fit"])
+        print(f"model.fit with spark_dl against model.fit without communication: {share:.3f} "
+              f"of the ceiling (pooled medians; target >= {FIT_TARGET}: "
+              f"{'met' if share >= FIT_TARGET else 'NOT met'}); per job "
+              + " ".join(f"{x:.3f}" for x in fit_jobs)
+              + f"; stretch pairs {statistics.median(fit_pairs):.3f} "
+              f"({_quantile(fit_pairs, 0.25):.3f}-{_quantile(fit_pairs, 0.75):.3f})\n")
     timed = [p for p in peers if sync[p] and p != "local"]
     if timed:
         print("From the last rank's gradients to the step's return on rank 0 (exchange, "
@@ -484,41 +508,53 @@ def driver(args):
     machine = H.describe_machine()
     print(f"# Keras on {args.np} ranks: {machine}; spark_dl {H.git_revision()}\n")
     peers = [p for p in args.peers.split(",") if p]
-    if not args.overhead_only and not args.separate_jobs:
-        _interleaved_report(args, peers)
-    if not args.overhead_only and args.separate_jobs:
-        results = {p: [] for p in peers}
-        for r in range(args.rounds):
-            for peer in peers[r % len(peers):] + peers[:r % len(peers)]:
-                t0 = time.perf_counter()
-                results[peer].append(_run_peer(args, peer)["img_per_s"])
-                print(f"  round {r + 1}/{args.rounds}: {peer} {results[peer][-1]:.1f} img/s "
-                      f"per rank ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-        print(f"## Throughput: small CNN, batch {args.batch_size} per rank, {args.steps} timed "
-              f"steps, {args.rounds} round(s)\n")
-        print("| peer | img/s per rank (median) | min-max | spark_dl / peer |")
-        print("|---|---|---|---|")
-        ref = statistics.median(results["spark_dl"]) if "spark_dl" in results else None
-        for peer in peers:
-            med, lo, hi = _stats(results[peer])
-            ratio = f"{ref / med:.2f}" if ref else "-"
-            print(f"| {LABELS[peer]} | {med:.1f} | {lo:.1f}-{hi:.1f} | {ratio} |")
-        print()
+    if args.load:
+        print(f"{args.load} busy-loop processes run during the throughput jobs\n")
+    if not args.overhead_only:
+        with H.busy_load(args.load):
+            if args.separate_jobs:
+                _separate_jobs_report(args, peers)
+            else:
+                _interleaved_report(args, peers)
     if args.overhead_steps > 0:
-        print(f"## Per-step overhead of the allreduce inside tf.function ({args.tensors} "
-              f"weight tensors of a Dense stack, batch 32, median of {args.overhead_steps} "
-              f"steps each)\n")
-        print("| ranks | step without allreduce (ms) | + numpy_function bridge (ms) | "
-              "+ py_function/DLPack bridge (ms) |")
-        print("|---|---|---|---|")
-        for np_ in (1, args.np):
-            res = _run_sdlrun(args, "overhead", np_)
-            ms = res["ms"]
-            base = ms["none"]
-            print(f"| {np_} | {base:.2f} | {ms['numpy_function']:.2f} "
-                  f"(+{ms['numpy_function'] - base:.2f}) | {ms['py_function_dlpack']:.2f} "
-                  f"(+{ms['py_function_dlpack'] - base:.2f}) |")
-        print()
+        _overhead_report(args)
+
+
+def _separate_jobs_report(args, peers):
+    results = {p: [] for p in peers}
+    for r in range(args.rounds):
+        for peer in peers[r % len(peers):] + peers[:r % len(peers)]:
+            t0 = time.perf_counter()
+            results[peer].append(_run_peer(args, peer)["img_per_s"])
+            print(f"  round {r + 1}/{args.rounds}: {peer} {results[peer][-1]:.1f} img/s "
+                  f"per rank ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    print(f"## Throughput: small CNN, batch {args.batch_size} per rank, {args.steps} timed "
+          f"steps, {args.rounds} round(s)\n")
+    print("| peer | img/s per rank (median) | min-max | spark_dl / peer |")
+    print("|---|---|---|---|")
+    ref = statistics.median(results["spark_dl"]) if "spark_dl" in results else None
+    for peer in peers:
+        med, lo, hi = _stats(results[peer])
+        ratio = f"{ref / med:.2f}" if ref else "-"
+        print(f"| {LABELS[peer]} | {med:.1f} | {lo:.1f}-{hi:.1f} | {ratio} |")
+    print()
+
+
+def _overhead_report(args):
+    print(f"## Per-step overhead of the allreduce inside tf.function ({args.tensors} "
+          f"weight tensors of a Dense stack, batch 32, median of {args.overhead_steps} "
+          f"steps each)\n")
+    print("| ranks | step without allreduce (ms) | + numpy_function bridge (ms) | "
+          "+ py_function/DLPack bridge (ms) |")
+    print("|---|---|---|---|")
+    for np_ in (1, args.np):
+        res = _run_sdlrun(args, "overhead", np_)
+        ms = res["ms"]
+        base = ms["none"]
+        print(f"| {np_} | {base:.2f} | {ms['numpy_function']:.2f} "
+              f"(+{ms['numpy_function'] - base:.2f}) | {ms['py_function_dlpack']:.2f} "
+              f"(+{ms['py_function_dlpack'] - base:.2f}) |")
+    print()
 
 
 def main():
@@ -546,6 +582,9 @@ def main():
     p.add_argument("--overhead-steps", type=int, default=200,
                    help="timed steps per variant for the overhead table (0: skip it)")
     p.add_argument("--overhead-only", action="store_true", help="only the overhead table")
+    p.add_argument("--load", type=int, default=0, metavar="N",
+                   help="N busy-loop processes run during the throughput jobs (a loaded "
+                        "host; default 0)")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--quick", action="store_true", help="1 round, fewer steps")
     args = p.parse_args()

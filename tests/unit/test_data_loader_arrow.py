@@ -7,6 +7,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -136,6 +137,12 @@ def test_numpy_batches_convert_to_torch_without_copy(uneven):
     assert isinstance(batch["x"], torch.Tensor) and batch["x"].dtype == torch.float32
     assert tuple(batch["x"].shape) == (8, 3) and batch["id"].dtype == torch.int64
     assert batch["id"].tolist() == list(range(8))
+    frozen = np.arange(4, dtype=np.float32)
+    frozen.flags.writeable = False  # as Arrow hands its buffers out: copied, no torch warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = torch_batch({"x": frozen})["x"]
+    assert t.data_ptr() != frozen.ctypes.data and t.tolist() == [0, 1, 2, 3]
 
 
 def test_columns_selection_and_errors(uneven, tmp_path):

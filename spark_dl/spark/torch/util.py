@@ -68,9 +68,9 @@ def batch_input_shapes(feature_cols: Sequence[str], input_shapes: Sequence[Seque
 
 
 def torch_batch(arrays: Mapping[str, np.ndarray]) -> Dict[str, torch.Tensor]:
-    """A loader batch (column -> NumPy array) as CPU tensors sharing its memory."""
-    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v
-            for k, v in arrays.items()}
+    """A loader batch (column -> NumPy array) as CPU tensors sharing its memory (the
+    loader's batches are writable; a read-only array would be copied, see ``as_tensor``)."""
+    return {k: as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
 
 
 def as_tensor(value) -> torch.Tensor:
