@@ -181,8 +181,17 @@ class BatchHandle(Handle):
     __slots__ = ("count",)
 
     def __init__(self, first, count, keep, finish, name=""):  # noqa: D107 - see the class
-        super().__init__(first, keep, finish, name)
+        # Handle.__init__'s fields, set here without the call: per-tensor loops make one
+        # of these per tensor per step (spark_dl.common.ops.allreduce_host).
+        self.hid = first
+        self._keep = keep
+        self._finish = finish
+        self._done = False
+        self._result = None
+        self.name = name
+        self._generation = _runtime_generation
         self.count = count
+        _live[first] = self
 
     def poll(self):
         if self._done:

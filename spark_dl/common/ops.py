@@ -36,6 +36,7 @@ Adasum = -1
 _REDUCE_OPS = frozenset([Average, Sum, Min, Max, Product])
 
 OP = _core.OP_TYPES
+_ALLREDUCE = OP["allreduce"]
 # The core's dtype codes by name ('float32': ...), for submit_many's dtypes.
 DTYPES = _core.DTYPES
 _counters = collections.defaultdict(itertools.count)
@@ -314,6 +315,22 @@ def _ordered(finish, source, stream):
         _order_after(source, stream)
         return finish(outputs, ints)
     return run
+
+
+def allreduce_host(name, addr, shape, code, keep, finish, ps_id, op, prescale_factor,
+                   postscale_factor):
+    """:func:`submit_many`'s enqueue for one C-contiguous host tensor reduced in place, with
+    the arguments already resolved (``ps_id``: :func:`_ps_id`; ``op``: a reduce op;
+    ``code``: its :data:`DTYPES` code). A Horovod program's own loop of
+    ``allreduce_async_`` per gradient makes this call hundreds of times a step, so it
+    does only what that case needs."""
+    try:
+        first = _core.enqueue_many(_ALLREDUCE, [name], [addr], [addr], [shape], [code], ps_id,
+                                   int(op), float(prescale_factor), float(postscale_factor), 0,
+                                   "", 0, DEVICE_CPU, 0, 0)
+    except _core.CoreError as e:
+        raise_from_core(e)
+    return BatchHandle(first, 1, keep, finish, name)
 
 
 def submit_many(kind, names, in_addrs, out_addrs, shapes, dtypes, *, keep, finish,
