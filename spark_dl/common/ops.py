@@ -317,13 +317,15 @@ def _ordered(finish, source, stream):
     return run
 
 
-def allreduce_host(name, addr, shape, code, keep, finish, ps_id, op, prescale_factor,
+def allreduce_host(name, addr, shape, code, keep, finish, process_set, op, prescale_factor,
                    postscale_factor):
-    """:func:`submit_many`'s enqueue for one C-contiguous host tensor reduced in place, with
-    the arguments already resolved (``ps_id``: :func:`_ps_id`; ``op``: a reduce op;
-    ``code``: its :data:`DTYPES` code). A Horovod program's own loop of
-    ``allreduce_async_`` per gradient makes this call hundreds of times a step, so it
-    does only what that case needs."""
+    """:func:`submit_many`'s enqueue for one C-contiguous host tensor reduced in place
+    (``op``: a resolved reduce op; ``code``: the tensor's :data:`DTYPES` code; ``name``
+    None: an :func:`auto_name`). A Horovod program's own loop of ``allreduce_async_`` per
+    gradient makes this call hundreds of times a step, so it does only what that case
+    needs."""
+    ps_id = _ps_id(process_set)
+    name = name or auto_name("allreduce", ps_id)
     try:
         first = _core.enqueue_many(_ALLREDUCE, [name], [addr], [addr], [shape], [code], ps_id,
                                    int(op), float(prescale_factor), float(postscale_factor), 0,

@@ -253,10 +253,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         # batch of one: exporting it through DLPack (once as input, once as output) costs
         # more than the rest of the call, and per-tensor loops (a Horovod program's own
         # allreduce_async_ per gradient) make this call hundreds of times a step.
-        ps_id = _ops._ps_id(process_set)
-        return _ops.allreduce_host(name or _ops.auto_name("allreduce", ps_id),
-                                   tensor.data_ptr(), tensor.shape, code, tensor,
-                                   lambda outputs: tensor, ps_id, resolve_op(average, op),
+        return _ops.allreduce_host(name, tensor.data_ptr(), tensor.shape, code, tensor,
+                                   lambda outputs: tensor, process_set, resolve_op(average, op),
                                    prescale_factor, postscale_factor)
     buf, copy_back = _target(tensor)
 
