@@ -50,12 +50,16 @@ class Handle:
         keep: objects to keep alive while the core uses their memory.
         finish: called with (outputs, ints) when the operation succeeded; its
             return value is the operation's result.
+        count: how many operations the core numbered consecutively from ``hid`` (1;
+            :class:`BatchHandle` holds more).
     """
 
-    __slots__ = ("hid", "_keep", "_finish", "_done", "_result", "name", "_generation")
+    __slots__ = ("hid", "_keep", "_finish", "_done", "_result", "name", "_generation",
+                 "count")
 
-    def __init__(self, hid, keep, finish, name=""):
+    def __init__(self, hid, keep, finish, name="", count=1):
         self.hid = hid
+        self.count = count
         self._keep = keep
         self._finish = finish
         self._done = False
@@ -170,7 +174,8 @@ class BatchHandle(Handle):
     presented as one handle.
 
     The core numbers a batch's operations consecutively, so this holds two integers
-    (``hid`` is the first, ``count`` how many) instead of one handle object per tensor;
+    (``hid`` is the first, ``count`` how many; ``BatchHandle(first, keep, finish, name,
+    count)``) instead of one handle object per tensor;
     :meth:`wait` waits for all of them and takes their results in one call each.
     ``finish(outputs)`` builds the result: ``outputs`` is None when no operation
     returned buffers (in-place allreduces), else one list of DLPack outputs per
@@ -178,20 +183,9 @@ class BatchHandle(Handle):
     taken (nothing stays pending) and the first failure is raised.
     """
 
-    __slots__ = ("count",)
-
-    def __init__(self, first, count, keep, finish, name=""):  # noqa: D107 - see the class
-        # Handle.__init__'s fields, set here without the call: per-tensor loops make one
-        # of these per tensor per step (spark_dl.common.ops.allreduce_host).
-        self.hid = first
-        self._keep = keep
-        self._finish = finish
-        self._done = False
-        self._result = None
-        self.name = name
-        self._generation = _runtime_generation
-        self.count = count
-        _live[first] = self
+    # Handle's constructor serves as it is (no second one calling it): per-tensor loops
+    # make one of these per tensor per step (spark_dl.common.ops.allreduce_host).
+    __slots__ = ()
 
     def poll(self):
         if self._done:

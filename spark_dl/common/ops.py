@@ -332,7 +332,7 @@ def allreduce_host(name, addr, shape, code, keep, finish, process_set, op, presc
                                    "", 0, DEVICE_CPU, 0, 0)
     except _core.CoreError as e:
         raise_from_core(e)
-    return BatchHandle(first, 1, keep, finish, name)
+    return BatchHandle(first, keep, finish, name, 1)
 
 
 def submit_many(kind, names, in_addrs, out_addrs, shapes, dtypes, *, keep, finish,
@@ -375,4 +375,4 @@ def submit_many(kind, names, in_addrs, out_addrs, shapes, dtypes, *, keep, finis
         def finish(outputs):
             _order_after(source, stream)  # as _ordered does for single operations
             return plain(outputs)
-    return BatchHandle(first, len(names), keep, finish, name=label or group or names[0])
+    return BatchHandle(first, keep, finish, label or group or names[0], len(names))
