@@ -177,15 +177,13 @@ def ours_epoch(source, args, shuffle, epoch):
     from spark_dl.spark.common.data_loader import ArrowDataLoader
     from spark_dl.spark.torch.util import torch_batch
 
-    # Torch tensors out, as petastorm's torch loader yields them, made on the loader's own
-    # thread as the estimators' workers make them.
     loader = ArrowDataLoader(source, batch_size=args.batch_size, shuffle=shuffle, seed=0,
-                             shuffle_buffer_size=args.buffer_rows, num_threads=args.threads,
-                             batch_fn=torch_batch)
+                             shuffle_buffer_size=args.buffer_rows, num_threads=args.threads)
     loader.set_epoch(epoch)
     rows = 0
     t0 = time.perf_counter()
     for batch in loader:
+        batch = torch_batch(batch)  # as petastorm's torch loader yields tensors
         rows += batch["features"].shape[0]
     return rows, time.perf_counter() - t0
 

@@ -145,38 +145,6 @@ def test_numpy_batches_convert_to_torch_without_copy(uneven):
     assert t.data_ptr() != frozen.ctypes.data and t.tolist() == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_batch_fn_runs_on_the_loaders_thread_and_changes_nothing_else(uneven, shuffle):
-    source, _ = uneven
-    threads = set()
-
-    def tagged(batch):
-        threads.add(threading.get_ident())
-        return {"tag": "converted", **{k: v * 1 for k, v in batch.items()}}
-
-    kw = dict(batch_size=5, shuffle=shuffle, seed=3, shuffle_buffer_size=16)
-    plain = list(ArrowDataLoader(source, **kw))
-    converted = list(ArrowDataLoader(source, batch_fn=tagged, **kw))
-    assert threads and threading.get_ident() not in threads  # the assembler's, not ours
-    assert len(converted) == len(plain)
-    for got, want in zip(converted, plain):
-        assert got.pop("tag") == "converted" and sorted(got) == sorted(want)
-        for name in want:
-            np.testing.assert_array_equal(got[name], want[name])
-
-
-def test_batch_fn_errors_reach_the_caller(uneven):
-    source, _ = uneven
-
-    def broken(batch):
-        raise ValueError("cannot convert column 'x'")
-
-    with pytest.raises(ValueError, match="cannot convert column 'x'"):
-        list(ArrowDataLoader(source, batch_size=4, batch_fn=broken))
-    with pytest.raises(TypeError, match="batch_fn must be callable"):
-        ArrowDataLoader(source, batch_size=4, batch_fn="torch")
-
-
 def test_columns_selection_and_errors(uneven, tmp_path):
     source, _ = uneven
     batch = next(iter(ArrowDataLoader(source, batch_size=2, columns=["y"])))

@@ -100,9 +100,7 @@ class WorkerAdapter(abc.ABC):
     @abc.abstractmethod
     def to_tensors(self, arrays: Dict[str, np.ndarray]) -> Dict[str, Any]:
         """A loader batch (column -> NumPy array, rows first) as the framework's tensors
-        (column -> tensor); ``transformation_fn`` is applied to the result. The data loader
-        calls it on its own thread (its ``batch_fn``), so it must not touch state the
-        training step changes."""
+        (column -> tensor); ``transformation_fn`` is applied to the result."""
 
     @abc.abstractmethod
     def metric_names(self) -> List[str]:

@@ -4,7 +4,7 @@ Pipeline of one epoch (threads in brackets)::
 
     [reader x num_threads]  Parquet slice -> decoded pieces (dict of NumPy arrays)
             | ordered hand-off, admission bounded by the prefetch budget
-    [assembler]             shuffle buffer -> batches of the planned sizes (-> batch_fn)
+    [assembler]             shuffle buffer -> batches of the planned sizes
             | queue of finished batches (in groups of ~1 MiB)
     [caller]                for batch in loader: ...
 
@@ -34,7 +34,7 @@ first epoch and is not counted in the limit: use it for data that fits.
 import queue
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -159,11 +159,6 @@ class ArrowDataLoader(BaseDataLoader):
             construction when impossible without dropping or repeating rows).
         read_chunk_rows: rows decoded at once (default: derived from the memory limit).
             Output does not depend on it.
-        batch_fn: called on every batch (column -> NumPy array, writable) on the loader's
-            assembler thread; the loader yields what it returns. For the conversion to the
-            framework's tensors (``spark_dl.spark.torch.util.torch_batch``), which then
-            overlaps the caller's step instead of running before it. An exception it raises
-            is raised by the iteration, in the caller's thread.
 
     Attributes:
         total_rows: rows across all ranks; num_rows: rows of this rank;
@@ -175,8 +170,7 @@ class ArrowDataLoader(BaseDataLoader):
                  shuffle_buffer_size: int = 65536, num_threads: int = 2,
                  prefetch_batches: int = 2, memory_limit_bytes: int = 256 << 20,
                  cache_in_memory: bool = False, equal_steps: bool = True,
-                 read_chunk_rows: Optional[int] = None,
-                 batch_fn: Optional[Callable[[Dict[str, np.ndarray]], Any]] = None):
+                 read_chunk_rows: Optional[int] = None):
         super().__init__(source, batch_size=batch_size, rank=rank, size=size, columns=columns,
                          shuffle=shuffle, seed=seed)
         if num_threads < 1 or prefetch_batches < 1 or shuffle_buffer_size < 0:
@@ -187,9 +181,6 @@ class ArrowDataLoader(BaseDataLoader):
         self._fs = source.filesystem or pafs.LocalFileSystem()
         self._num_threads = int(num_threads)
         self._read_chunk_rows = read_chunk_rows
-        if batch_fn is not None and not callable(batch_fn):
-            raise TypeError(f"batch_fn must be callable, not {type(batch_fn).__name__}")
-        self._batch_fn = batch_fn
         self._prefetch_batches = int(prefetch_batches)
         self._shape_lock = threading.Lock()
 
@@ -565,9 +556,8 @@ class _EpochRun:
             else:
                 batches = _cut(pieces, sizes, self.loader.plan["group_batches"])
             group, per_group = [], self.loader.plan["group_batches"]
-            convert = self.loader._batch_fn
             for batch in batches:
-                group.append(batch if convert is None else convert(batch))
+                group.append(batch)
                 if len(group) == per_group:
                     self._put(group)
                     group = []

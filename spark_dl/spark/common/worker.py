@@ -348,12 +348,11 @@ class _Worker:
                                batch_size=batch_size, rank=self.rank, size=self.size,
                                columns=spec.columns, shuffle=split == "train" and spec.shuffle,
                                seed=spec.seed,
-                               num_threads=threads, cache_in_memory=spec.cache_all,
-                               batch_fn=self.adapter.to_tensors, **kwargs)
+                               num_threads=threads, cache_in_memory=spec.cache_all, **kwargs)
 
-    def _batch(self, batch):
-        """A loader batch (already the adapter's tensors: the loader's ``batch_fn`` made them
-        on its own thread) through ``transformation_fn``."""
+    def _batch(self, arrays):
+        """A loader batch as the adapter's tensors, through ``transformation_fn``."""
+        batch = self.adapter.to_tensors(arrays)
         if self.spec.transformation_fn is not None:
             batch = self.spec.transformation_fn(batch)
         return batch
@@ -408,8 +407,8 @@ class _Worker:
         adapter.begin_epoch(epoch, training=True)
         sums = Sums(len(self.metric_names))
         stopped = None
-        for step, loaded in enumerate(_batches(self.train_loader, self.train_steps, epoch)):
-            batch = self._batch(loaded)
+        for step, arrays in enumerate(_batches(self.train_loader, self.train_steps, epoch)):
+            batch = self._batch(arrays)
             callbacks_call(spec.callbacks, "on_batch_begin", step, {})
             try:
                 rows, value, mvalues = adapter.train_step(batch)
@@ -439,8 +438,8 @@ class _Worker:
         adapter = self.adapter
         adapter.begin_epoch(epoch, training=False)
         sums = Sums(len(self.metric_names))
-        for loaded in _batches(self.val_loader, self.val_steps, epoch):
-            sums.add(*adapter.eval_step(self._batch(loaded)))
+        for arrays in _batches(self.val_loader, self.val_steps, epoch):
+            sums.add(*adapter.eval_step(self._batch(arrays)))
         adapter.end_epoch(epoch, training=False)
         averages, _ = sums.average(self.sdl, "estimator.val_stats")
         return {f"val_{k}": v for k, v in zip(["loss"] + self.metric_names, averages)}
