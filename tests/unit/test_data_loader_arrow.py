@@ -145,6 +145,50 @@ def test_numpy_batches_convert_to_torch_without_copy(uneven):
     assert t.data_ptr() != frozen.ctypes.data and t.tolist() == [0, 1, 2, 3]
 
 
+def test_cut_hands_out_views_of_pieces_and_copies_across_boundaries():
+    from spark_dl.spark.common.data_loader import _cut
+
+    pieces = [{"x": np.arange(n * 2, dtype=np.float32).reshape(n, 2) + 100 * i}
+              for i, n in enumerate([7, 5, 9])]
+    sizes = [3, 3, 3, 3, 3, 3, 3]
+    expected = np.concatenate([p["x"] for p in pieces])
+    for views in (False, True):
+        batches = [b["x"] for b in _cut(iter(pieces), sizes, group=2, views=views)]
+        np.testing.assert_array_equal(np.concatenate(batches), expected)
+        assert [len(b) for b in batches] == sizes
+        shared = [any(np.shares_memory(b, p["x"]) for p in pieces) for b in batches]
+        # rows 0-2, 3-5 in piece 0 (rows 0-6); 6-8 across 0/1; 9-11 in piece 1 (7-11) ...
+        assert shared == ([True, True, False, True, True, True, True] if views
+                          else [False] * 7)
+
+
+@pytest.mark.parametrize("kw", [dict(shuffle=False), dict(shuffle=True, shuffle_buffer_size=0),
+                                dict(shuffle=True, shuffle_buffer_size=16),
+                                dict(shuffle=False, cache_in_memory=True)])
+def test_batches_are_the_same_and_writable_with_or_without_views(uneven, kw):
+    """In order without a cache, batches are views of the decoded pieces (plan["views"]);
+    they hold the same values as the copies made otherwise, and every column of every
+    batch is writable (Arrow's zero-copy scalar arrays are not), in every mode."""
+    source, _ = uneven
+    loader = ArrowDataLoader(source, batch_size=4, seed=2, read_chunk_rows=9, **kw)
+    no_pool = not kw["shuffle"] or kw["shuffle_buffer_size"] == 0
+    assert loader.plan["views"] == (no_pool and "cache_in_memory" not in kw)
+    batches = list(loader)
+    copies = list(ArrowDataLoader(source, batch_size=4, seed=2, read_chunk_rows=9,
+                                  cache_in_memory=True, **{k: v for k, v in kw.items()
+                                                           if k != "cache_in_memory"}))
+    assert len(batches) == len(copies)
+    for b, c in zip(batches, copies):
+        for name in b:
+            assert b[name].dtype == c[name].dtype
+            np.testing.assert_array_equal(b[name], c[name])
+            assert b[name].flags.writeable, name
+    before = [b["x"].copy() for b in batches]
+    batches[0]["x"][:] = -1  # a batch is the caller's: changing it changes no other batch
+    for b, old in zip(batches[1:], before[1:]):
+        np.testing.assert_array_equal(b["x"], old)
+
+
 def test_columns_selection_and_errors(uneven, tmp_path):
     source, _ = uneven
     batch = next(iter(ArrowDataLoader(source, batch_size=2, columns=["y"])))
@@ -196,14 +240,17 @@ def test_cache_in_memory_serves_later_epochs_without_files(tmp_path):
     assert not np.array_equal(first, second)
 
 
-def test_early_break_and_close_stop_the_threads(uneven):
+@pytest.mark.parametrize("shuffle", [True, False])  # False: no assembler, views
+def test_early_break_and_close_stop_the_threads(uneven, shuffle):
     source, _ = uneven
     before = threading.active_count()
-    loader = ArrowDataLoader(source, batch_size=1, read_chunk_rows=2, num_threads=3)
+    loader = ArrowDataLoader(source, batch_size=1, read_chunk_rows=2, num_threads=3,
+                             shuffle=shuffle)
     it = iter(loader)
     next(it)
     it.close()
-    loader2 = ArrowDataLoader(source, batch_size=1, read_chunk_rows=2, num_threads=3)
+    loader2 = ArrowDataLoader(source, batch_size=1, read_chunk_rows=2, num_threads=3,
+                              shuffle=shuffle)
     it2 = iter(loader2)
     next(it2)
     loader2.close()
@@ -215,11 +262,12 @@ def test_early_break_and_close_stop_the_threads(uneven):
         iter(loader2)
 
 
-def test_reader_errors_reach_the_caller(tmp_path):
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_reader_errors_reach_the_caller(tmp_path, shuffle):
     path = str(tmp_path / "bad")
     write_dataset(path, groups=[[10]])
     src = DataSource.from_path(path)
-    loader = ArrowDataLoader(src, batch_size=2)
+    loader = ArrowDataLoader(src, batch_size=2, shuffle=shuffle)
     with open(src.files[0], "r+b") as f:  # corrupt the data pages, keep the footer
         f.seek(4)
         f.write(b"\xff" * 200)
@@ -261,34 +309,40 @@ MEMORY_SCRIPT = textwrap.dedent("""
     next(iter(ArrowDataLoader(DataSource.from_path(tiny), batch_size=2)))
     limit = {limit}
     loader = ArrowDataLoader(DataSource.from_path({path!r}), batch_size=256, seed=0,
-                             memory_limit_bytes=limit, shuffle_buffer_size=10**6)
+                             memory_limit_bytes=limit, shuffle_buffer_size=10**6,
+                             shuffle={shuffle})
+    held = []  # the caller keeps a few batches, as a training loop may
     pool = pa.default_memory_pool()
     tracemalloc.start()
     base_np = tracemalloc.get_traced_memory()[0]
     rows = 0
     for batch in loader:
         rows += len(batch["id"])
+        held = (held + [batch])[-{held}:]
         del batch
     np_peak = tracemalloc.get_traced_memory()[1] - base_np
     print(rows, np_peak, pool.max_memory(), loader.plan["pool_rows"], loader.plan["piece_rows"])
 """)
 
 
-def test_memory_bound_is_respected(tmp_path):
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_memory_bound_is_respected(tmp_path, shuffle):
     """64 MB of decoded data through a 16 MB limit, with a shuffle buffer asked for that alone
-    would take 600 MB: the peak of NumPy (tracemalloc) plus Arrow (memory pool) allocations
-    stays near the limit."""
+    would take 600 MB (or in order, where batches are views that keep their pieces alive,
+    and the caller holds its last two batches): the peak of NumPy (tracemalloc) plus Arrow
+    (memory pool) allocations stays near the limit."""
     path = str(tmp_path / "big")
     total = write_dataset(path, groups=[[20000] * 4, [15000, 5000]], dim=150)
     data_bytes = total * (150 * 4 + 8 + 4)
     limit = 16 << 20
     out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT.format(
-        root=ROOT, path=path, limit=limit, tmp=str(tmp_path))],
+        root=ROOT, path=path, limit=limit, tmp=str(tmp_path), shuffle=shuffle, held=2)],
         capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     rows, np_peak, arrow_peak, pool_rows, piece_rows = map(int, out.stdout.split())
     assert rows == total
     assert piece_rows < 20000 and pool_rows < 10**6 // 10  # pieces and pool were capped
+    assert (pool_rows > 0) == shuffle
     assert data_bytes > 3.5 * limit
     # Both peaks are added although they need not coincide (an upper bound of the real
     # peak); the slack covers Parquet reader working memory, which is estimated, not known.

@@ -8,6 +8,11 @@ Pipeline of one epoch (threads in brackets)::
             | queue of finished batches (in groups of ~1 MiB)
     [caller]                for batch in loader: ...
 
+Without a shuffle buffer and without the in-memory cache there is no assembler: the caller's
+thread cuts batches from the pieces as it iterates, and a batch inside one piece is a view of
+it (no copy; only batches across piece boundaries are copied). Otherwise every batch is a
+copy, made by the assembler.
+
 What each rank reads is fixed by :func:`~spark_dl.spark.common.sharding.assign_rows` (rows,
 not whole row groups, so every sample is seen exactly once per epoch across ranks), and the
 batch sizes by :func:`~spark_dl.spark.common.sharding.batch_sizes` (equal step counts on all
@@ -151,7 +156,8 @@ class ArrowDataLoader(BaseDataLoader):
             Capped by what ``memory_limit_bytes`` allows.
         num_threads: background reader threads (Parquet decoding releases the GIL).
         prefetch_batches: finished batches kept ready ahead of the caller (at least; small
-            batches travel in groups of about 1 MiB).
+            batches travel in groups of about 1 MiB). Without a shuffle buffer or cache the
+            batches are views cut by the caller, and decoded pieces are what is read ahead.
         memory_limit_bytes: bound on the memory the loader holds, within about a quarter
             (see module doc).
         cache_in_memory: keep this rank's decoded rows after the first epoch.
@@ -206,7 +212,8 @@ class ArrowDataLoader(BaseDataLoader):
         group_bytes = max(g[2] for g in groups) * self._row_bytes
         self._read_buffer = int(min(_READ_BUFFER, max(64 << 10, group_bytes)))
         self._reader_overhead = int(min(_READER_OVERHEAD, 2 * group_bytes + self._read_buffer))
-        self.plan = self._memory_plan(int(memory_limit_bytes), int(shuffle_buffer_size))
+        self.plan = self._memory_plan(int(memory_limit_bytes), int(shuffle_buffer_size),
+                                      bool(cache_in_memory))
         self._cache: Optional[Dict[int, List[Dict[str, np.ndarray]]]] = \
             {} if cache_in_memory else None
         self._runs = weakref.WeakSet()
@@ -257,7 +264,8 @@ class ArrowDataLoader(BaseDataLoader):
                     size += col.total_uncompressed_size
         return max(1, size // max(rows, 1))
 
-    def _memory_plan(self, limit: int, shuffle_buffer_size: int) -> Dict[str, int]:
+    def _memory_plan(self, limit: int, shuffle_buffer_size: int,
+                     cache_in_memory: bool) -> Dict[str, int]:
         rb = self._row_bytes
         batch_bytes = self.batch_size * rb
         # Batches travel to the caller in groups of about 1 MiB: one queue hand-off per batch
@@ -283,15 +291,21 @@ class ArrowDataLoader(BaseDataLoader):
             # At most half of what is left goes to the shuffle buffer.
             pool_rows = int(max(self.batch_size, min(shuffle_buffer_size, remaining // 2 // rb)))
         prefetch = remaining - pool_rows * rb
+        # Without a shuffle buffer or a cache, batches inside one piece are views of it (no
+        # copy), and each group of batches queued or held by the caller may keep a whole
+        # piece alive: those pieces are part of the budget.
+        views = pool_rows == 0 and not cache_in_memory
+        pinned = queued + 2 if views else 0
         max_group = max(s.num_rows for s in self._slices) if self._slices else 1
-        piece_rows = int(max(1, min(prefetch // ((threads + 1) * _DECODE_FACTOR * rb),
+        piece_rows = int(max(1, min(prefetch // (((threads + 1) * _DECODE_FACTOR + pinned) * rb),
                                     max_group)))
         if self._read_chunk_rows:
             piece_rows = int(self._read_chunk_rows)
+        prefetch = max(0, prefetch - pinned * piece_rows * rb)
         return {"memory_limit_bytes": limit, "row_bytes": rb, "batch_bytes": batch_bytes,
                 "threads": threads, "pool_rows": pool_rows, "prefetch_bytes": int(prefetch),
                 "group_batches": group, "queued_groups": queued,
-                "piece_rows": piece_rows}
+                "piece_rows": piece_rows, "views": int(views)}
 
     # ------------------------------------------------------------------ contract
 
@@ -381,6 +395,10 @@ class ArrowDataLoader(BaseDataLoader):
                 out[name] = self._raw_to_numpy(arr, spec, n, name, path)
             else:
                 out[name] = self._list_to_numpy(arr, spec, n, name, path)
+            if self.plan["views"] and not out[name].flags.writeable:
+                # Batches will be views of this piece, and a batch is the caller's to change:
+                # Arrow's zero-copy scalar arrays are read-only (raw columns are not).
+                out[name] = out[name].copy()
         return out
 
     def _raw_to_numpy(self, arr, spec: ColumnSpec, n: int, name: str, path: str):
@@ -488,8 +506,12 @@ class _EpochRun:
         self.threads = [threading.Thread(target=self._reader, daemon=True,
                                          name=f"spark_dl-reader-{i}")
                         for i in range(min(loader.plan["threads"], len(self.to_read)))]
-        self.threads.append(threading.Thread(target=self._assembler, daemon=True,
-                                             name="spark_dl-assembler"))
+        # Batches that are views of the pieces cost only slicing: the caller's thread cuts
+        # them (an assembler thread would add two hand-offs per group and nothing to overlap).
+        self.inline = bool(loader.plan["views"])
+        if not self.inline:
+            self.threads.append(threading.Thread(target=self._assembler, daemon=True,
+                                                 name="spark_dl-assembler"))
         for t in self.threads:
             t.start()
 
@@ -585,6 +607,12 @@ class _EpochRun:
     # -- caller side
 
     def __iter__(self):
+        if self.inline:
+            try:
+                yield from _cut(self._pieces(), self.loader._sizes, views=True)
+            except _Closed:
+                pass
+            return
         while True:
             try:
                 item = self.out.get(timeout=_POLL_S)
@@ -633,10 +661,15 @@ def _check_done(si: int, sizes: List[int], leftover: int) -> None:
                            f"produced {si} batches with {leftover} rows left over")
 
 
-def _cut(pieces: Iterator[Dict[str, np.ndarray]], sizes: List[int], group: int = 1):
-    """Batches of the planned sizes, in order (no shuffle pool): ``group`` batches at a time
-    are copied out of the pieces as one block and handed out as consecutive views of it (one
-    copy per column for the group instead of one per batch)."""
+def _cut(pieces: Iterator[Dict[str, np.ndarray]], sizes: List[int], group: int = 1,
+         views: bool = False):
+    """Batches of the planned sizes, in order (no shuffle pool).
+
+    With ``views``, a batch that lies inside one piece is a view of it (no copy; the piece
+    stays alive while the batch does) and only batches across piece boundaries are copied.
+    Otherwise ``group`` batches at a time are copied out of the pieces as one block and
+    handed out as consecutive views of it (one copy per column for the group instead of one
+    per batch), so no batch shares memory with a piece (the in-memory cache keeps pieces)."""
     pending: List[Dict[str, np.ndarray]] = []
     have = si = 0
 
@@ -651,9 +684,27 @@ def _cut(pieces: Iterator[Dict[str, np.ndarray]], sizes: List[int], group: int =
             yield {name: a[at:at + rows] for name, a in block.items()}
             at += rows
 
+    def emit_view():
+        nonlocal have, si
+        rows, head = sizes[si], pending[0]
+        if _rows(head) == rows:
+            pending.pop(0)
+        else:
+            pending[0] = {name: a[rows:] for name, a in head.items()}
+        have -= rows
+        si += 1
+        return {name: a[:rows] for name, a in head.items()}
+
     for piece in pieces:
         pending.append(piece)
         have += _rows(piece)
+        if views:
+            while si < len(sizes) and have >= sizes[si]:
+                if _rows(pending[0]) >= sizes[si]:
+                    yield emit_view()
+                else:
+                    yield from emit(1)
+            continue
         while si < len(sizes) and have >= sum(sizes[si:si + group]):
             yield from emit(group)
     while si < len(sizes) and have >= sizes[si]:  # the last group may be short
