@@ -16,6 +16,10 @@ in the page cache for both), in two modes: no shuffling, and shuffling with the 
 buffer size (spark_dl: row-group order + shuffle pool; petastorm: row-group order +
 ``shuffling_queue_capacity``).
 
+The same run also times pyarrow alone decoding the same row groups (memory-mapped, the
+same number of threads, no batches made), alternated with the loader's in-order epochs: the
+ceiling that the machine and the state of its page cache set that day.
+
 spark_dl's loader also reads a copy of the same rows in the format-1 layout (features as a
 Parquet ``list<float>``, same row groups) written by this script, alternated with the
 prepared (raw, format 2) files for ``--rounds`` rounds; medians and ranges are printed, with
@@ -141,6 +145,30 @@ def anchor_memcpy(rows, dim):
     return best
 
 
+def pyarrow_epoch(source, threads):
+    """Rows/s of pyarrow alone decoding the same row groups as the loader (memory-mapped,
+    ``threads`` threads, one row group per call, no batches made): the ceiling that the
+    machine and its page cache set today, measured beside the loader in the same run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = list(source.columns)
+
+    def read(item):
+        path, group = item
+        return pq.ParquetFile(pa.memory_map(path)).read_row_group(
+            group, columns=columns, use_threads=False).num_rows
+
+    work = [(path, g) for path, groups in zip(source.files, source.row_groups)
+            for g in range(len(groups))]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        rows = sum(pool.map(read, work))
+    return rows, time.perf_counter() - t0
+
+
 def _spread(values):
     import statistics
 
@@ -159,6 +187,7 @@ def measure_main(args):
                      row_groups=source.row_groups, columns=source.columns)
     sources = {"spark_dl": source, "spark_dl_format1": old}
     results = {name: {} for name in sources}
+    results["pyarrow_read"] = {}
     for mode, shuffle in (("no_shuffle", False), ("shuffle", True)):
         samples = {name: [] for name in sources}
         for name, src in sources.items():
@@ -168,6 +197,11 @@ def measure_main(args):
                 rows, secs = ours_epoch(src, args, shuffle, 1)
                 assert rows == args.rows, (rows, args.rows)
                 samples[name].append(rows / secs)
+            if not shuffle:
+                samples.setdefault("pyarrow_read", [])
+                rows, secs = pyarrow_epoch(source, args.threads)
+                assert rows == args.rows, (rows, args.rows)
+                samples["pyarrow_read"].append(rows / secs)
         for name, values in samples.items():
             results[name][mode] = dict(_spread(values), rows_per_s=_spread(values)["median"])
     print("LOADER_RESULT " + json.dumps(results), flush=True)
@@ -289,6 +323,12 @@ def main():
     pst = results.get("petastorm", {})
     memcpy = results["anchor_memcpy_bytes_per_s"]
     print(f"anchor_memcpy: {memcpy / 1e9:.2f} GB/s = {memcpy / row_bytes:,.0f} rows/s")
+    ceiling = results["pyarrow_read"]["no_shuffle"]
+    print(f"pyarrow alone ({args.threads} threads, same row groups, no batches): "
+          f"{ceiling['median']:,.0f} rows/s ({ceiling['min']:,.0f}-{ceiling['max']:,.0f}); "
+          f"spark_dl in order = "
+          f"{results['spark_dl']['no_shuffle']['median'] / ceiling['median']:.0%} of it, "
+          f"shuffled {results['spark_dl']['shuffle']['median'] / ceiling['median']:.0%}")
     for mode in ("no_shuffle", "shuffle"):
         ours, old = results["spark_dl"][mode], results["spark_dl_format1"][mode]
         line = (f"{mode:>10}: spark_dl {ours['median']:>12,.0f} rows/s "
