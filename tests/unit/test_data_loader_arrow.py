@@ -271,7 +271,12 @@ def test_reader_errors_reach_the_caller(tmp_path, shuffle):
     with open(src.files[0], "r+b") as f:  # corrupt the data pages, keep the footer
         f.seek(4)
         f.write(b"\xff" * 200)
-    with pytest.raises(Exception):
+    with pytest.raises(OSError, match=r"cannot read .*part-00000\.parquet \(row group 0\):"
+                                      r".*damaged.*Store\.cleanup"):
+        list(loader)
+    loader = ArrowDataLoader(src, batch_size=2, shuffle=shuffle)
+    os.remove(src.files[0])  # gone after the loader was made: named too
+    with pytest.raises(OSError, match=r"cannot read .*part-00000\.parquet \(row group 0\)"):
         list(loader)
 
 

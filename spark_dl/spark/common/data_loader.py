@@ -340,16 +340,19 @@ class ArrowDataLoader(BaseDataLoader):
         path = self.source.files[sl.file_index]
         piece_rows = self.plan["piece_rows"]
         rb = self._row_bytes
-        if isinstance(self._fs, pafs.LocalFileSystem):
-            # Mapped, a local file's pages are decoded where they lie in the page cache
-            # instead of being read into a buffer first: 1.4x faster (pyarrow 26, raw
-            # columns). The Arrow buffers taken from it keep the mapping alive.
-            pf = pq.ParquetFile(pa.memory_map(path))
-        else:
-            pf = pq.ParquetFile(path, filesystem=self._fs, pre_buffer=False,
-                                buffer_size=self._read_buffer)
-        batches = pf.iter_batches(batch_size=piece_rows, row_groups=[sl.row_group],
-                                  columns=self._parquet_columns, use_threads=False)
+        try:
+            if isinstance(self._fs, pafs.LocalFileSystem):
+                # Mapped, a local file's pages are decoded where they lie in the page cache
+                # instead of being read into a buffer first: 1.4x faster (pyarrow 26, raw
+                # columns). The Arrow buffers taken from it keep the mapping alive.
+                pf = pq.ParquetFile(pa.memory_map(path))
+            else:
+                pf = pq.ParquetFile(path, filesystem=self._fs, pre_buffer=False,
+                                    buffer_size=self._read_buffer)
+            batches = pf.iter_batches(batch_size=piece_rows, row_groups=[sl.row_group],
+                                      columns=self._parquet_columns, use_threads=False)
+        except (OSError, pa.ArrowException) as e:
+            raise _unreadable(path, sl.row_group, e) from e
         pos = 0  # row of the row group at which the next record batch starts
         try:
             while pos < sl.stop and not stop.is_set():
@@ -365,6 +368,9 @@ class ArrowDataLoader(BaseDataLoader):
                     budget.adjust(-est)
                     raise RuntimeError(f"{path} row group {sl.row_group} ended at row {pos}, "
                                        f"before {sl.stop}: the file changed while reading")
+                except (OSError, pa.ArrowException) as e:
+                    budget.adjust(-est)
+                    raise _unreadable(path, sl.row_group, e) from e
                 n = record_batch.num_rows
                 a, b = max(sl.start, pos), min(sl.stop, pos + n)
                 pos += n
@@ -437,6 +443,19 @@ class ArrowDataLoader(BaseDataLoader):
             raise ValueError(f"column {name!r} has arrays of length {length} in {path}, "
                              f"expected {int(np.prod(shape))} (shape {tuple(shape)})")
         return values.reshape((n,) + tuple(shape))
+
+
+def _unreadable(path: str, row_group: int, e: BaseException) -> Exception:
+    """pyarrow's error about a file it cannot read, with the file, the row group and what
+    to do; of the same kind (``OSError``, ``ValueError``) where it was one."""
+    detail = " ".join(str(e).split()).rstrip(".")  # pyarrow's may span lines
+    msg = (f"cannot read {path} (row group {row_group}): {detail}. The file is "
+           "damaged, or was changed or removed while the loader ran: write it again (for data "
+           "a fit prepared: remove that dataset with Store.cleanup and fit again)")
+    for kind in (OSError, ValueError):
+        if isinstance(e, kind):
+            return kind(msg)
+    return RuntimeError(msg)
 
 
 def _as_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
