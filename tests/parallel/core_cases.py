@@ -28,6 +28,11 @@ def cases():
     for dt in ("float32", "int64"):
         out.append(f"grouped_allreduce-{dt}-Sum")
         out.append(f"allreduce_inplace-{dt}-Sum")
+    # In place, NumPy's dtypes go by address (bfloat16, which NumPy lacks, by DLPack).
+    for dt, op in (("float16", "Sum"), ("bool", "Max"), ("uint8", "Min"), ("bfloat16", "Sum")):
+        out.append(f"allreduce_inplace-{dt}-{op}")
+    out.append("allreduce_inplace-float32-Average-scalar")
+    out.append("allreduce_inplace-float64-Sum-empty")
     for dt in DTYPES:  # above the transports' small-message paths (Gloo: 64 KiB gathered)
         out.append(f"allreduce-{dt}-{'Max' if dt == 'bool' else 'Sum'}-large")
     for dt in ("float16", "float32", "int64"):  # several ring chunks, uneven blocks
