@@ -30,10 +30,6 @@ __all__ = [
 ]
 
 
-# The core's dtype code of each NumPy dtype it takes (NumPy has no bfloat16).
-_CODES = {np.dtype(name): code for name, code in _ops.DTYPES.items() if name != "bfloat16"}
-
-
 def _as_array(tensor):
     # np.ascontiguousarray would turn 0-d arrays into 1-d ones.
     return np.asarray(tensor, order="C")
@@ -72,14 +68,6 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     """In-place :func:`allreduce_async`: ``tensor`` (C-contiguous, writable) receives the result."""
     if not (isinstance(tensor, np.ndarray) and tensor.flags.c_contiguous and tensor.flags.writeable):
         raise InvalidArgumentError("in-place allreduce needs a writable C-contiguous numpy array")
-    code = _CODES.get(tensor.dtype)
-    if code is not None:
-        # By address, as a batch of one (as torch's host tensors go): a per-tensor loop
-        # makes this call hundreds of times a step, and exporting the array through DLPack
-        # twice (input and output) costs more than the rest of the call.
-        return _ops.allreduce_host(name, tensor.__array_interface__["data"][0], tensor.shape,
-                                   code, tensor, lambda outputs: tensor, process_set,
-                                   resolve_op(average, op), prescale_factor, postscale_factor)
     return _ops.submit("allreduce", name, tensor, tensor, finish=lambda o, i: tensor,
                        process_set=process_set, op=resolve_op(average, op),
                        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
