@@ -146,14 +146,14 @@ def test_numpy_batches_convert_to_torch_without_copy(uneven):
 
 
 def test_cut_hands_out_views_of_pieces_and_copies_across_boundaries():
-    from spark_dl.spark.common.data_loader import _cut
+    from spark_dl.spark.common.batching import cut
 
     pieces = [{"x": np.arange(n * 2, dtype=np.float32).reshape(n, 2) + 100 * i}
               for i, n in enumerate([7, 5, 9])]
     sizes = [3, 3, 3, 3, 3, 3, 3]
     expected = np.concatenate([p["x"] for p in pieces])
     for views in (False, True):
-        batches = [b["x"] for b in _cut(iter(pieces), sizes, group=2, views=views)]
+        batches = [b["x"] for b in cut(iter(pieces), sizes, group=2, views=views)]
         np.testing.assert_array_equal(np.concatenate(batches), expected)
         assert [len(b) for b in batches] == sizes
         shared = [any(np.shares_memory(b, p["x"]) for p in pieces) for b in batches]
