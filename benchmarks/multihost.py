@@ -11,7 +11,8 @@ is shared). Every host's egress is shaped with tbf to each --rates value in turn
 kernel has no netem, so links add no latency or loss: they are bandwidth-limited only, with
 the sub-millisecond latency of veth pairs on one machine.
 
-Layouts: 2 hosts x 2 ranks and 4 hosts x 1 rank. Per layout, two measures, every peer on
+Layouts: 2 hosts x 2 ranks and 4 hosts x 1 rank (and, with --layouts 2x1, 2 hosts x 1 rank:
+the exchange between two hosts alone). Per layout, two measures, every peer on
 the same hosts in the same run, the peer order rotated each round:
 
   allreduce   a --size (64 MiB) float32 in-place sum-allreduce, timed per call on rank 0;
@@ -75,7 +76,8 @@ LABELS = {"flat": "spark_dl flat", "hier": "spark_dl hierarchical",
           "mpi": "Open MPI"}
 SPARK_DL = ("flat", "hier", "hier_serial")
 HIER = ("hier", "hier_serial")
-LAYOUTS = {"2x2": (2, 2), "4x1": (4, 1)}   # name: (hosts, ranks per host)
+# name: (hosts, ranks per host); 2x1 (not in the default) is the cross-host exchange alone
+LAYOUTS = {"2x2": (2, 2), "4x1": (4, 1), "2x1": (2, 1)}
 STEP_COUNTERS = ("cycles", "collectives", "cache_hits")
 SDL_ENV = {}   # --env: settings for every spark_dl rank
 TARGET_BUS_SHARE = 0.85
@@ -615,7 +617,7 @@ def main():
                         help="tbf rates of the hosts' links, in tc's units (default "
                              "10gbit,1gbit; --quick: the first only)")
     parser.add_argument("--layouts", default="2x2,4x1",
-                        help="hosts x ranks per host (default 2x2,4x1)")
+                        help="hosts x ranks per host: 2x2, 4x1, 2x1 (default 2x2,4x1)")
     parser.add_argument("--peers", default=",".join(p for p in PEERS if p != "hier_serial"),
                         help=f"subset of {','.join(PEERS)} (default: all but hier_serial)")
     parser.add_argument("--rounds", type=int, default=3,

@@ -3,11 +3,13 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -64,11 +66,19 @@ constexpr size_t kRingChunkBytes = 1024 * 1024;
 constexpr int kRingScratchSlot = 1;
 constexpr int kRingResultSlot = 2;
 
-// Slot prefixes for our own point-to-point exchanges (Gloo's collectives use
+// Slot prefix for GatherBytes' point-to-point messages (Gloo's collectives use
 // 0x01-0x08; the tag keeps successive operations apart).
-constexpr uint8_t kDoublingSlotPrefix = 0x54;
 constexpr uint8_t kGatherSlotPrefix = 0x55;
-constexpr uint8_t kAgreeSlotPrefix = 0x56;
+
+// The peer links' slots. A link is one connection carrying both directions,
+// and a tcp::Buffer's destructor unregisters its slot on the pair whatever
+// the buffer was for, so the two directions use different slots: a message to
+// a link's lower-ranked member goes to slot 1 (AgreeBits) or 2 (data), one to
+// the higher-ranked member to slot 3 or 4. A member registers only the slots
+// it receives on and sends only to the other two.
+constexpr int kLinkAgreeSlot = 1;
+constexpr int kLinkDataSlot = 2;
+constexpr int kLinkSlotsUp = 2;  // added for messages to the higher-ranked member
 
 // The largest power of two <= n (recursive doubling runs among that many
 // ranks; the others fold into them), and its log2 in *log2.
@@ -198,6 +208,138 @@ class RingLinks {
   std::thread sender_;
 };
 
+// Latency-bound exchanges: the negotiation's AND (AgreeBits) and allreduces of
+// up to 64 KiB. Over Gloo's unbound buffers each message went through the
+// device's I/O thread, which read it and then woke the waiting thread, and a
+// send waited for the receiver's notice unless its receive had been posted
+// ahead: on the loopback of a 2-core machine a 4 KiB allreduce between 2
+// processes took about 500 us (p90 4 ms), Open MPI's 50 us (docs/benchmarks.md).
+// Here every partner of this member's exchanges has a link of its own, a
+// 2-member Gloo context in synchronous mode: the calling thread writes its
+// message into the socket and reads the partner's from it, one wake-up per
+// message. Messages are at most 64 KiB and Gloo sizes the socket's send buffer
+// to the message, so a write does not wait for the partner to read (both
+// partners of an exchange write first, then read). Every member runs the same
+// collectives in the same order, so the message a member waits for is always
+// the next one on its link.
+class PeerLinks {
+ public:
+  static constexpr size_t kDataBytes = kDoublingBytes;  // the largest data message
+
+  // Connects a link to each of peers (this member's partners in the
+  // latency-bound algorithms). Links are connected in the order of their
+  // (lower, higher) member pair, the same on every member, so no member waits
+  // on one that waits for it.
+  PeerLinks(std::shared_ptr<gloo::transport::Device> device, gloo::rendezvous::Store& store,
+            int rank, std::vector<int> peers, double timeout_s)
+      : rank_(rank) {
+    std::sort(peers.begin(), peers.end());
+    for (int q : peers) {
+      auto link = std::make_unique<Link>();
+      const int lo = std::min(rank, q), hi = std::max(rank, q);
+      gloo::rendezvous::PrefixStore prefixed(
+          "sdl_peer_link_" + std::to_string(lo) + "_" + std::to_string(hi), store);
+      const int member = rank == lo ? 0 : 1;
+      link->ctx = std::make_shared<gloo::rendezvous::Context>(member, 2);
+      link->ctx->setTimeout(Ms(timeout_s));  // also the sockets' (synchronous mode)
+      link->ctx->connectFullMesh(prefixed, device);
+      link->pair = link->ctx->getPair(1 - member).get();
+      link->pair->setSync(true, false);
+      link->recv_slots = rank > q ? kLinkSlotsUp : 0;  // messages to this member
+      link->send_slots = q > rank ? kLinkSlotsUp : 0;  // messages to the peer
+      link->data_in.resize(kDataBytes);
+      link->data_recv = link->pair->createRecvBuffer(kLinkDataSlot + link->recv_slots,
+                                                     link->data_in.data(), kDataBytes);
+      links_.emplace(q, std::move(link));
+    }
+  }
+
+  // Registers the receive buffers of AgreeBits' messages, `words` words each.
+  void PlanAgree(size_t words) {
+    for (auto& [q, link] : links_) {
+      link->agree_in.assign(words, 0);
+      link->agree_out.assign(words, 0);
+      link->agree_recv = link->pair->createRecvBuffer(kLinkAgreeSlot + link->recv_slots,
+                                                      link->agree_in.data(), words * 8);
+      link->agree_send = link->pair->createSendBuffer(kLinkAgreeSlot + link->send_slots,
+                                                      link->agree_out.data(), words * 8);
+    }
+  }
+
+  void SendAgree(int peer, const uint64_t* bits) {
+    Link& l = at(peer);
+    std::memcpy(l.agree_out.data(), bits, l.agree_out.size() * 8);
+    l.agree_send->send(0, l.agree_out.size() * 8, 0);
+    l.agree_send->waitSend();
+  }
+
+  // Peer's next AgreeBits message.
+  const uint64_t* RecvAgree(int peer) {
+    Link& l = at(peer);
+    l.agree_recv->waitRecv();
+    return l.agree_in.data();
+  }
+
+  // Writes bytes (<= kDataBytes) from p to peer; p may change once it returns.
+  void SendData(int peer, const void* p, size_t bytes) {
+    Link& l = at(peer);
+    // A send buffer of its own per call (p differs): its slot is the peer's, so
+    // its destructor unregisters nothing of this member's.
+    auto out = l.pair->createSendBuffer(kLinkDataSlot + l.send_slots, const_cast<void*>(p),
+                                        bytes);
+    out->send(0, bytes, 0);
+    out->waitSend();
+  }
+
+  // Peer's next data message (valid until the next one from the same peer).
+  const char* RecvData(int peer) {
+    Link& l = at(peer);
+    l.data_recv->waitRecv();
+    return l.data_in.data();
+  }
+
+ private:
+  struct Link {
+    std::shared_ptr<gloo::rendezvous::Context> ctx;
+    gloo::transport::Pair* pair = nullptr;
+    int recv_slots = 0, send_slots = 0;
+    std::vector<char> data_in;
+    std::vector<uint64_t> agree_in, agree_out;
+    // After ctx and the vectors: the buffers go first.
+    std::unique_ptr<gloo::transport::Buffer> data_recv, agree_recv, agree_send;
+  };
+
+  Link& at(int peer) {
+    auto it = links_.find(peer);
+    if (it == links_.end())
+      throw Error(ErrorCode::kInvalidArgument, "internal error: no peer link from rank " + std::to_string(rank_) +
+                                            " to " + std::to_string(peer));
+    return *it->second;
+  }
+
+  int rank_;
+  std::map<int, std::unique_ptr<Link>> links_;
+};
+
+// The members this one exchanges with in the latency-bound algorithms: every
+// other member where one direct round has no more rounds than recursive
+// doubling (2, 3 and 5 members), else its doubling partners and, when the size
+// is not a power of two, its fold partner.
+std::vector<int> LatencyPeers(int rank, int n) {
+  std::vector<int> peers;
+  if (DoublingRounds(n) >= n - 1) {
+    for (int q = 0; q < n; ++q)
+      if (q != rank) peers.push_back(q);
+    return peers;
+  }
+  int rounds = 0;
+  const int p2 = PowerOfTwoBelow(n, &rounds);
+  if (rank >= p2) return {rank - p2};
+  if (rank + p2 < n) peers.push_back(rank + p2);
+  for (int k = 0; k < rounds; ++k) peers.push_back(rank ^ (1 << k));
+  return peers;
+}
+
 std::shared_ptr<gloo::transport::Device> MakeGlooDevice(const std::string& iface,
                                                          const std::string& hostname) {
   gloo::transport::tcp::attr attr;
@@ -242,6 +384,13 @@ GlooComm::GlooComm(std::shared_ptr<gloo::transport::Device> device,
     } catch (const std::exception& e) {
       throw Error(ErrorCode::kPeerFailure,
                   std::string("Gloo could not connect the ring's links: ") + e.what());
+    }
+    try {
+      links_ = std::make_unique<PeerLinks>(device, store, rank_, LatencyPeers(rank_, size_),
+                                           timeout_s);
+    } catch (const std::exception& e) {
+      throw Error(ErrorCode::kPeerFailure,
+                  std::string("Gloo could not connect the peer links: ") + e.what());
     }
   }
 }
@@ -306,88 +455,61 @@ void GlooComm::AllreduceInto(const void* in, void* out, size_t count, DataType d
 }
 
 void GlooComm::GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, ReduceOp op) {
-  gather_.resize(bytes * size_);
-  gloo::AllgatherOptions opts(ctx_);
-  opts.setInput(static_cast<uint8_t*>(buf), bytes);
-  opts.setOutput(gather_.data(), gather_.size());
-  opts.setTag(tag_++);
+  // One round: every member's values to every other over the peer links.
+  // Every member reduces in rank order, so every member ends with the same bits.
+  std::vector<const char*> from(size_);
   try {
-    gloo::allgather(opts);
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_) links_->SendData(q, buf, bytes);
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_) from[q] = links_->RecvData(q);
   } catch (const gloo::Exception& e) {
     Rethrow("allreduce", e);
   }
-  // Every rank reduces in rank order, so every rank ends with the same bits.
-  std::memcpy(buf, gather_.data(), bytes);
-  for (int q = 1; q < size_; ++q) Reduce(buf, buf, gather_.data() + q * bytes, count, dt, op);
+  gather_.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + bytes);
+  from[rank_] = reinterpret_cast<const char*>(gather_.data());
+  std::memcpy(buf, from[0], bytes);
+  for (int q = 1; q < size_; ++q) Reduce(buf, buf, from[q], count, dt, op);
 }
 
 void GlooComm::DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op) {
   const size_t bytes = count * DataTypeSize(dt);
   const int n = size_;
   const int p2 = PowerOfTwoBelow(n, nullptr);
-  doubling_tmp_.resize(bytes);
-  const auto timeout = ctx_->getTimeout();
+  // Both partners of an exchange compute lower-rank value op higher-rank
+  // value, so they hold the same bits afterwards; by induction every rank
+  // ends with the same bits (the operations are commutative, the explicit
+  // order keeps that true without relying on it).
+  auto combine = [&](int peer, const char* theirs) {
+    if (rank_ < peer) Reduce(buf, buf, theirs, count, dt, op);
+    else Reduce(buf, theirs, buf, count, dt, op);
+  };
   try {
-    auto data = ctx_->createUnboundBuffer(buf, bytes);
-    auto tmp = ctx_->createUnboundBuffer(doubling_tmp_.data(), bytes);
-    // Both partners of an exchange compute lower-rank value op higher-rank
-    // value, so they hold the same bits afterwards; by induction every rank
-    // ends with the same bits (the operations are commutative, the explicit
-    // order keeps that true without relying on it).
-    auto combine = [&](int peer) {
-      if (rank_ < peer) Reduce(buf, buf, doubling_tmp_.data(), count, dt, op);
-      else Reduce(buf, doubling_tmp_.data(), buf, count, dt, op);
-    };
-    auto exchange = [&](int peer) {
-      const uint64_t slot = gloo::Slot::build(kDoublingSlotPrefix, tag_++);
-      tmp->recv(peer, slot, 0, bytes);
-      data->send(peer, slot, 0, bytes);
-      tmp->waitRecv(timeout);
-      data->waitSend(timeout);  // buf is overwritten next: the send must be out
-      combine(peer);
-    };
-    // Fold: rank p2 + i hands its value to rank i, which reduces it in.
-    const uint64_t fold = gloo::Slot::build(kDoublingSlotPrefix, tag_++);
     if (rank_ >= p2) {
-      data->send(rank_ - p2, fold, 0, bytes);
-      data->waitSend(timeout);
-    } else if (rank_ + p2 < n) {
-      tmp->recv(rank_ + p2, fold, 0, bytes);
-      tmp->waitRecv(timeout);
-      combine(rank_ + p2);
+      // Folded: hand this rank's values to rank - p2, then receive the result.
+      links_->SendData(rank_ - p2, buf, bytes);
+      std::memcpy(buf, links_->RecvData(rank_ - p2), bytes);
+      return;
     }
+    if (rank_ + p2 < n) combine(rank_ + p2, links_->RecvData(rank_ + p2));
     // Doubling among the first p2 ranks: partners differ in one bit per round.
-    // Every rank takes the same tags (the folded ones skip the rounds' slots),
-    // so that the next operation's slots agree on every rank.
+    // A send has left buf once it returns (the write is synchronous).
     for (int mask = 1; mask < p2; mask <<= 1) {
-      if (rank_ < p2) exchange(rank_ ^ mask);
-      else ++tag_;
+      const int peer = rank_ ^ mask;
+      links_->SendData(peer, buf, bytes);
+      combine(peer, links_->RecvData(peer));
     }
-    // Unfold: the folded ranks receive the result.
-    const uint64_t unfold = gloo::Slot::build(kDoublingSlotPrefix, tag_++);
-    if (rank_ >= p2) {
-      data->recv(rank_ - p2, unfold, 0, bytes);
-      data->waitRecv(timeout);
-    } else if (rank_ + p2 < n) {
-      data->send(rank_ + p2, unfold, 0, bytes);
-      data->waitSend(timeout);
-    }
+    if (rank_ + p2 < n) links_->SendData(rank_ + p2, buf, bytes);
   } catch (const gloo::Exception& e) {
     Rethrow("allreduce", e);
   }
 }
 
-// The negotiation cycle's AND (AgreeBits). Gloo sends a message only once
-// the receiver has posted its receive (the receive's notice travels to the
-// sender first), so a message whose receive is posted when the send starts
-// saves a one-way trip and a wake-up of the sender's I/O thread. Every cycle
-// makes exactly one call, of the same size, so each call ends by posting the
-// next one's receives. On 2 and 3 ranks every member sends its bits to every
-// other at once (one round); from 4 on, recursive doubling (log2 rounds, and
-// a fold and an unfold when the size is not a power of two), every round's
-// receive posted ahead on its own buffer (a partner a round ahead may send
-// before this rank finished the previous round). AND is exact and
-// commutative: every order gives the same bits.
+// The negotiation cycle's AND (AgreeBits), over the peer links. On 2, 3 and 5
+// ranks every member sends its bits to every other at once (one round); from
+// 4 on (but 5), recursive doubling (log2 rounds, and a fold and an unfold when
+// the size is not a power of two). AND is exact and commutative: every order
+// gives the same bits.
 void GlooComm::PlanAgreement(size_t words) {
   const int n = size_, r = rank_;
   agree_words_ = words;
@@ -406,21 +528,7 @@ void GlooComm::PlanAgreement(size_t words) {
       if (r + p2 < n) agree_steps_.push_back({r + p2, rounds + 1, true, false});
     }
   }
-  const size_t steps = agree_steps_.size(), bytes = words * sizeof(uint64_t);
-  agree_in_.assign(steps * words, 0);
-  agree_out_.assign(steps * words, 0);
-  agree_recv_.resize(steps);
-  for (size_t i = 0; i < steps; ++i)
-    if (agree_steps_[i].recv) agree_recv_[i] = ctx_->createUnboundBuffer(&agree_in_[i * words], bytes);
-  agree_send_ = ctx_->createUnboundBuffer(agree_out_.data(), steps * bytes);
-}
-
-void GlooComm::PostAgreeRecvs() {
-  const uint64_t base = gloo::Slot::build(kAgreeSlotPrefix, agree_seq_);
-  for (size_t i = 0; i < agree_steps_.size(); ++i) {
-    const AgreeStep& st = agree_steps_[i];
-    if (st.recv) agree_recv_[i]->recv(st.peer, base + st.phase, 0, agree_words_ * sizeof(uint64_t));
-  }
+  links_->PlanAgree(words);
 }
 
 void GlooComm::AgreeBits(uint64_t* bits, size_t words) {
@@ -430,44 +538,23 @@ void GlooComm::AgreeBits(uint64_t* bits, size_t words) {
     throw Error(ErrorCode::kMismatch, "negotiation bit vector changed size: " +
                                           std::to_string(agree_words_) + " -> " +
                                           std::to_string(words) + " words");
-  const auto timeout = ctx_->getTimeout();
-  const size_t bytes = words * sizeof(uint64_t);
   try {
-    if (!agree_posted_) PostAgreeRecvs();
-    agree_posted_ = false;
-    const uint64_t base = gloo::Slot::build(kAgreeSlotPrefix, agree_seq_++);
-    size_t sends = 0;
     // Steps of one phase: every send goes out (this rank's bits so far), then
     // every receive is folded in.
     for (size_t i = 0; i < agree_steps_.size();) {
       size_t end = i;
       while (end < agree_steps_.size() && agree_steps_[end].phase == agree_steps_[i].phase) ++end;
-      for (size_t k = i; k < end; ++k) {
-        const AgreeStep& st = agree_steps_[k];
-        if (!st.send) continue;
-        std::memcpy(&agree_out_[k * words], bits, bytes);
-        agree_send_->send(st.peer, base + st.phase, k * bytes, bytes);
-        ++sends;
-      }
+      for (size_t k = i; k < end; ++k)
+        if (agree_steps_[k].send) links_->SendAgree(agree_steps_[k].peer, bits);
       for (size_t k = i; k < end; ++k) {
         if (!agree_steps_[k].recv) continue;
-        agree_recv_[k]->waitRecv(timeout);
-        const uint64_t* theirs = &agree_in_[k * words];
+        const uint64_t* theirs = links_->RecvAgree(agree_steps_[k].peer);
         for (size_t w = 0; w < words; ++w) bits[w] &= theirs[w];
       }
       i = end;
     }
-    for (size_t k = 0; k < sends; ++k) agree_send_->waitSend(timeout);
   } catch (const gloo::Exception& e) {
     Rethrow("negotiation", e);
-  }
-  // Ahead for the next call. After the last cycle (a stop) peers close their
-  // connections at once, and posting to one that left fails: that is no
-  // error of this call. The next call, if any, posts again and reports it.
-  try {
-    PostAgreeRecvs();
-    agree_posted_ = true;
-  } catch (const gloo::Exception&) {
   }
 }
 

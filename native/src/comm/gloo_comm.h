@@ -26,11 +26,13 @@ std::shared_ptr<gloo::transport::Device> MakeGlooDevice(const std::string& iface
                                                          const std::string& hostname);
 
 class RingLinks;  // gloo_comm.cc: the ring's links and the thread that sends
+class PeerLinks;  // gloo_comm.cc: links to the partners of latency-bound exchanges
 
 class GlooComm : public Comm {
  public:
   // Connects a full mesh among size members through the store (keys under the
-  // store's own prefix), and the ring's two links (RingAllreduce). Blocks until
+  // store's own prefix), the ring's two links (RingAllreduce) and the peer
+  // links (AgreeBits, allreduces up to 64 KiB). Blocks until
   // every member has called it or start_timeout_s passes.
   GlooComm(std::shared_ptr<gloo::transport::Device> device, gloo::rendezvous::Store& store,
            int rank, int size, std::vector<int> global_ranks, double timeout_s,
@@ -44,7 +46,7 @@ class GlooComm : public Comm {
   void Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) override;
   // On the ring's path the first steps read in directly (no copy to out first).
   void AllreduceInto(const void* in, void* out, size_t count, DataType dt, ReduceOp op) override;
-  // Receives for the next call are posted when a call ends (gloo_comm.cc).
+  // Over the peer links (gloo_comm.cc).
   void AgreeBits(uint64_t* bits, size_t words) override;
   void Allgatherv(const void* in, void* out, const std::vector<size_t>& bytes) override;
   std::vector<std::string> GatherBytes(const std::string& mine, int root) override;
@@ -61,20 +63,16 @@ class GlooComm : public Comm {
   // buf receives the reduction of every member's src (src == buf: in place).
   void RingAllreduce(const char* src, char* buf, size_t count, DataType dt, ReduceOp op);
   void DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op);
-  // AgreeBits' schedule (agree_steps_) and buffers, and the posting of one
-  // call's receives.
+  // AgreeBits' schedule (agree_steps_) and the links' buffers for it.
   void PlanAgreement(size_t words);
-  void PostAgreeRecvs();
   std::shared_ptr<gloo::Context> ctx_;
   int rank_, size_;
   std::vector<int> global_ranks_;
   uint32_t tag_ = 0;
-  std::vector<uint8_t> gather_;    // GatherReduce's receive buffer, reused
+  std::vector<uint8_t> gather_;    // GatherReduce: this rank's values, reused
   std::unique_ptr<RingLinks> ring_;  // RingAllreduce's links to the left and right neighbours
   std::vector<char> ring_tmp_;     // RingAllreduce: one received block, reused
-  std::vector<char> doubling_tmp_; // DoublingAllreduce's receive buffer, reused
-  // AgreeBits. Declared after ctx_: the buffers (which hold the context) go
-  // first, and a receive still posted at the end is simply dropped.
+  std::unique_ptr<PeerLinks> links_; // AgreeBits, DoublingAllreduce, GatherReduce
   struct AgreeStep {
     int peer;
     int phase;  // the message's slot within a call, the same on both ends
@@ -82,11 +80,6 @@ class GlooComm : public Comm {
   };
   std::vector<AgreeStep> agree_steps_;
   size_t agree_words_ = 0;
-  uint32_t agree_seq_ = 0;             // calls so far: the slot of the next one
-  bool agree_posted_ = false;          // the next call's receives are posted
-  std::vector<uint64_t> agree_in_, agree_out_;  // one region of words per step
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> agree_recv_;  // one per step
-  std::unique_ptr<gloo::transport::UnboundBuffer> agree_send_;
 };
 
 }  // namespace sdl
