@@ -24,9 +24,10 @@ class GlooSmall : public ::testing::TestWithParam<int> {};
 
 TEST_P(GlooSmall, EveryMemberHoldsTheSameExactSum) {
   const int n = GetParam();
-  // Elements: 1, odd, and 16384 float32 = 64 KiB (the doubling path's
-  // largest; on 2, 3 and 5 members the gather path ends at 64 KiB in all, so
-  // the larger sizes there take the ring, which runs in between anyway).
+  // Elements: 1, odd, and 16384 float32 = 64 KiB (the largest message of the
+  // doubling path, and of the exchange on 2 members; on 3 and 5 members the
+  // exchange ends at 64 KiB received, so the larger sizes there take the ring,
+  // which runs in between anyway).
   const size_t counts[] = {1, 7, 1000, 5461, 16384, 3, 300000, 2};
   RunGlooMembers(n, [&](int r, GlooComm& comm) {
     int call = 0;

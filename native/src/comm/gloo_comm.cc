@@ -43,14 +43,17 @@ char kEmpty[8];
 
 // Small allreduces (negotiation bit vectors, scalars, small gradients) pay
 // for latency, not bandwidth: they run in as few sequential exchange rounds as
-// possible. One allgather plus a local reduction takes n-1 rounds (Gloo's ring
-// allgather); recursive doubling takes log2(n) rounds (two more when n is not
-// a power of two) and receives log2(n) messages instead of n-1. Whichever has
-// fewer rounds runs: the allgather on 2 and 3 ranks, doubling from 4 on. The
-// negotiation's bit vector crosses every rank every cycle, so on many hosts
-// this is the difference between a cycle growing linearly with the job and
-// growing with its logarithm (docs/benchmarks.md, "Cost at scale").
-constexpr size_t kGatherReduceBytes = 64 * 1024;  // gathered bytes (allgather form)
+// possible, over the peer links (PeerLinks). Sending to every other rank at
+// once and reducing locally takes one round but receives n-1 messages;
+// recursive doubling takes log2(n) rounds (two more when n is not a power of
+// two) and receives one message per round. The exchange runs where doubling
+// would take as many rounds as it receives messages (2, 3 and 5 ranks), doubling
+// otherwise. The negotiation's bit vector crosses every rank every cycle, so
+// on many hosts this is the difference between a cycle growing linearly with
+// the job and growing with its logarithm (docs/benchmarks.md, "Cost at
+// scale"). On 2 ranks the exchange moves as many bytes as the ring's two
+// steps, in one round, so it takes every allreduce up to kDoublingBytes there.
+constexpr size_t kGatherReduceBytes = 64 * 1024;  // received bytes (exchange form)
 constexpr size_t kDoublingBytes = 64 * 1024;      // per-rank bytes (doubling form)
 
 // Larger allreduces run as a ring (reduce-scatter, then allgather). Each
@@ -234,6 +237,7 @@ class PeerLinks {
             int rank, std::vector<int> peers, double timeout_s)
       : rank_(rank) {
     std::sort(peers.begin(), peers.end());
+    const std::vector<char> hello(kDataBytes, 0);
     for (int q : peers) {
       auto link = std::make_unique<Link>();
       const int lo = std::min(rank, q), hi = std::max(rank, q);
@@ -251,6 +255,14 @@ class PeerLinks {
       link->data_recv = link->pair->createRecvBuffer(kLinkDataSlot + link->recv_slots,
                                                      link->data_in.data(), kDataBytes);
       links_.emplace(q, std::move(link));
+      // Gloo sizes a socket's send buffer to the largest message sent on it so
+      // far, and the kernel then stops tuning it. Left at a 4 KiB message's
+      // size, the buffer could not take the next message while the previous
+      // one waited for its acknowledgement, which the partner, stuck in the
+      // same write, delays by up to 40 ms: 5-10% of 4 KiB allreduces on 2
+      // ranks took 40 ms. One message of the largest size each way first.
+      SendData(q, hello.data(), kDataBytes);
+      RecvData(q);
     }
   }
 
@@ -407,7 +419,8 @@ void GlooComm::Rethrow(const char* what, const std::exception& e) {
 GlooComm::Path GlooComm::AllreducePath(size_t count, DataType dt) const {
   const size_t bytes = count * DataTypeSize(dt);
   if (bytes <= kDoublingBytes && DoublingRounds(size_) < size_ - 1) return Path::kDoubling;
-  if (bytes * size_ <= kGatherReduceBytes) return Path::kGather;
+  if (bytes * size_ <= kGatherReduceBytes || (size_ == 2 && bytes <= kDoublingBytes))
+    return Path::kGather;
   if (size_ > 1 && count >= static_cast<size_t>(size_)) return Path::kRing;
   return Path::kGloo;
 }
