@@ -116,12 +116,16 @@ INSTANTIATE_TEST_SUITE_P(Members, GlooRingBackToBack, ::testing::Values(2, 3));
 
 // A member that leaves (its communicator destroyed, its sockets closed) fails
 // the others' ring calls with a peer-failure error long before the timeout
-// (60 s here): on the member reading from it and on the one writing to it.
-TEST(GlooRingFailure, LeavingMemberFailsTheOthersQuickly) {
+// (60 s here): on the member reading from it and on the one writing to it
+// (3 members), and on 2 members, whose calls take the one-exchange form.
+class GlooRingFailure : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooRingFailure, LeavingMemberFailsTheOthersQuickly) {
   std::signal(SIGPIPE, SIG_IGN);  // as in Python, which ignores it
-  RunGlooMembers(3, [&](int r, GlooComm& comm) {
-    comm.Barrier();  // every member is connected: member 2 leaves mid-job
-    if (r == 2) return;
+  const int n = GetParam();
+  RunGlooMembers(n, [&](int r, GlooComm& comm) {
+    comm.Barrier();  // every member is connected: the last one leaves mid-job
+    if (r == n - 1) return;
     std::vector<float> buf(1 << 20, 1.0f);
     const auto start = std::chrono::steady_clock::now();
     try {
@@ -135,6 +139,8 @@ TEST(GlooRingFailure, LeavingMemberFailsTheOthersQuickly) {
     EXPECT_LT(took, 10.0) << "member " << r;
   });
 }
+
+INSTANTIATE_TEST_SUITE_P(Members, GlooRingFailure, ::testing::Values(2, 3));
 
 // Members: 2-6.
 // Element counts: just above the small-message paths; 3.2 MB and 3 MiB + 20

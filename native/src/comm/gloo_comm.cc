@@ -152,8 +152,26 @@ class RingLinks {
     {
       std::lock_guard<std::mutex> lock(m_);
       job_ = std::move(job);
+      sent_ = 0;
     }
     job_cv_.notify_one();
+  }
+
+  // Called by a send job: the first `n` of its messages are written.
+  void Sent(size_t n) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      sent_ = n;
+    }
+    done_cv_.notify_one();
+  }
+
+  // Waits until the job started last has written `n` messages (Sent) or has
+  // ended; false when it ended before (its error is FinishSends' to report).
+  bool WaitSent(size_t n) {
+    std::unique_lock<std::mutex> lock(m_);
+    done_cv_.wait(lock, [&] { return sent_ >= n || (!job_ && !busy_); });
+    return sent_ >= n;
   }
 
   // Waits until the sends started last are written; rethrows their error.
@@ -207,6 +225,7 @@ class RingLinks {
   std::condition_variable job_cv_, done_cv_;
   std::function<void()> job_;
   bool busy_ = false, stop_ = false;
+  size_t sent_ = 0;  // messages the current job reported written (Sent)
   std::exception_ptr error_;
   std::thread sender_;
 };
@@ -435,7 +454,10 @@ void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
       GatherReduce(buf, count, count * DataTypeSize(dt), dt, op);
       return;
     case Path::kRing:
-      RingAllreduce(static_cast<char*>(buf), static_cast<char*>(buf), count, dt, op);
+      if (size_ == 2)
+        ExchangeAllreduce(static_cast<char*>(buf), static_cast<char*>(buf), count, dt, op);
+      else
+        RingAllreduce(static_cast<char*>(buf), static_cast<char*>(buf), count, dt, op);
       return;
     case Path::kGloo:
       break;
@@ -461,7 +483,10 @@ void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
 void GlooComm::AllreduceInto(const void* in, void* out, size_t count, DataType dt,
                              ReduceOp op) {
   if (count > 0 && in != out && AllreducePath(count, dt) == Path::kRing) {
-    RingAllreduce(static_cast<const char*>(in), static_cast<char*>(out), count, dt, op);
+    if (size_ == 2)
+      ExchangeAllreduce(static_cast<const char*>(in), static_cast<char*>(out), count, dt, op);
+    else
+      RingAllreduce(static_cast<const char*>(in), static_cast<char*>(out), count, dt, op);
     return;
   }
   Comm::AllreduceInto(in, out, count, dt, op);
@@ -568,6 +593,58 @@ void GlooComm::AgreeBits(uint64_t* bits, size_t words) {
     }
   } catch (const gloo::Exception& e) {
     Rethrow("negotiation", e);
+  }
+}
+
+// On 2 ranks an allreduce is one exchange over the ring's links: each rank
+// sends its whole buffer to the other (the sender thread) while it reads the
+// other's, chunk by chunk, and reduces each chunk in rank order. Each way that
+// moves as many bytes as the ring's reduce-scatter and allgather steps
+// together, in one step instead of two: one hand-off to the sender and one
+// wait for the slower rank fewer. Every chunk lands at the start of tmp (a
+// message lands only when this thread reads it), so tmp is one chunk. In
+// place, a chunk of buf is overwritten only once the sender has written it.
+void GlooComm::ExchangeAllreduce(const char* src, char* buf, size_t count, DataType dt,
+                                 ReduceOp op) {
+  const size_t es = DataTypeSize(dt);
+  const size_t chunk = std::max<size_t>(kRingChunkBytes / es, 1);
+  const size_t chunks = (count + chunk - 1) / chunk;
+  ring_tmp_.resize(std::min(count, chunk) * es);
+  RingLinks& links = *ring_;
+  try {
+    auto mine = links.out().createSendBuffer(kRingScratchSlot, const_cast<char*>(src), count * es);
+    auto tmp = links.in().createRecvBuffer(kRingScratchSlot, ring_tmp_.data(), ring_tmp_.size());
+    gloo::transport::Buffer* send = mine.get();
+    links.StartSends([=, &links] {
+      for (size_t c = 0; c < chunks; ++c) {
+        const size_t at = c * chunk;
+        send->send(at * es, std::min(chunk, count - at) * es, 0);
+        send->waitSend();
+        links.Sent(c + 1);
+      }
+    });
+    try {
+      for (size_t c = 0; c < chunks; ++c) {
+        const size_t at = c * chunk, len = std::min(chunk, count - at);
+        tmp->waitRecv();
+        // The sender reads src: in place, wait until this chunk is out. A
+        // sender that failed ends the wait; FinishSends reports it.
+        if (src == buf && !links.WaitSent(c + 1)) break;
+        const char* own = src + at * es;
+        if (rank_ == 0) Reduce(buf + at * es, own, ring_tmp_.data(), len, dt, op);
+        else Reduce(buf + at * es, ring_tmp_.data(), own, len, dt, op);
+      }
+    } catch (...) {
+      // The sender reads src: it must be done before src can go.
+      try {
+        links.FinishSends();
+      } catch (...) {
+      }
+      throw;
+    }
+    links.FinishSends();
+  } catch (const std::exception& e) {
+    Rethrow("allreduce", e);
   }
 }
 

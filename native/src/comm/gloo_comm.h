@@ -62,6 +62,8 @@ class GlooComm : public Comm {
   Path AllreducePath(size_t count, DataType dt) const;
   // buf receives the reduction of every member's src (src == buf: in place).
   void RingAllreduce(const char* src, char* buf, size_t count, DataType dt, ReduceOp op);
+  // The ring's path on 2 ranks: one exchange of the whole buffers (gloo_comm.cc).
+  void ExchangeAllreduce(const char* src, char* buf, size_t count, DataType dt, ReduceOp op);
   void DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op);
   // AgreeBits' schedule (agree_steps_) and the links' buffers for it.
   void PlanAgreement(size_t words);
