@@ -185,6 +185,23 @@ class RingLinks {
     }
   }
 
+  // Runs receive (this thread's reads) while the sends started last go out,
+  // then waits for them. The sends read the caller's buffers, so they end
+  // before an exception from receive leaves (which wins over theirs).
+  template <class Receive>
+  void ReceiveWhileSending(Receive&& receive) {
+    try {
+      receive();
+    } catch (...) {
+      try {
+        FinishSends();
+      } catch (...) {
+      }
+      throw;
+    }
+    FinishSends();
+  }
+
  private:
   static std::shared_ptr<gloo::rendezvous::Context> Connect(
       std::shared_ptr<gloo::transport::Device> device, gloo::rendezvous::Store& store,
@@ -623,26 +640,18 @@ void GlooComm::ExchangeAllreduce(const char* src, char* buf, size_t count, DataT
         links.Sent(c + 1);
       }
     });
-    try {
+    links.ReceiveWhileSending([&] {
       for (size_t c = 0; c < chunks; ++c) {
         const size_t at = c * chunk, len = std::min(chunk, count - at);
         tmp->waitRecv();
         // The sender reads src: in place, wait until this chunk is out. A
         // sender that failed ends the wait; FinishSends reports it.
-        if (src == buf && !links.WaitSent(c + 1)) break;
+        if (src == buf && !links.WaitSent(c + 1)) return;
         const char* own = src + at * es;
         if (rank_ == 0) Reduce(buf + at * es, own, ring_tmp_.data(), len, dt, op);
         else Reduce(buf + at * es, ring_tmp_.data(), own, len, dt, op);
       }
-    } catch (...) {
-      // The sender reads src: it must be done before src can go.
-      try {
-        links.FinishSends();
-      } catch (...) {
-      }
-      throw;
-    }
-    links.FinishSends();
+    });
   } catch (const std::exception& e) {
     Rethrow("allreduce", e);
   }
@@ -710,7 +719,7 @@ void GlooComm::RingAllreduce(const char* src, char* buf, size_t count, DataType 
       const size_t in_len = len_of(in[s]), in_chunk = chunk_of(in_len);
       char* block = buf + first[in[s]] * es;
       const char* mine = src + first[in[s]] * es;  // this rank's own values of the block
-      try {
+      links.ReceiveWhileSending([&] {
         for (size_t off = 0; off < in_len; off += in_chunk) {
           if (scatter) {
             // A received chunk is reduced while the next ones are on the wire.
@@ -721,15 +730,7 @@ void GlooComm::RingAllreduce(const char* src, char* buf, size_t count, DataType 
             result->waitRecv();
           }
         }
-      } catch (...) {
-        // The sender reads buf and src: it must be done before they can go.
-        try {
-          links.FinishSends();
-        } catch (...) {
-        }
-        throw;
-      }
-      links.FinishSends();
+      });
     }
   } catch (const std::exception& e) {
     Rethrow("allreduce", e);
