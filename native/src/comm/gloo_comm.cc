@@ -360,8 +360,9 @@ class PeerLinks {
   Link& at(int peer) {
     auto it = links_.find(peer);
     if (it == links_.end())
-      throw Error(ErrorCode::kInvalidArgument, "internal error: no peer link from rank " + std::to_string(rank_) +
-                                            " to " + std::to_string(peer));
+      throw Error(ErrorCode::kInvalidArgument, "internal error: no peer link from rank " +
+                                                   std::to_string(rank_) + " to " +
+                                                   std::to_string(peer));
     return *it->second;
   }
 
