@@ -83,25 +83,6 @@ int DoublingRounds(int n) {
 
 }  // namespace
 
-// The members this one exchanges with in the latency-bound algorithms: every
-// other member where one direct round has no more rounds than recursive
-// doubling (2, 3 and 5 members), else its doubling partners and, when the size
-// is not a power of two, its fold partner.
-std::vector<int> LatencyPeers(int rank, int n) {
-  std::vector<int> peers;
-  if (DoublingRounds(n) >= n - 1) {
-    for (int q = 0; q < n; ++q)
-      if (q != rank) peers.push_back(q);
-    return peers;
-  }
-  int rounds = 0;
-  const int p2 = PowerOfTwoBelow(n, &rounds);
-  if (rank >= p2) return {rank - p2};
-  if (rank + p2 < n) peers.push_back(rank + p2);
-  for (int k = 0; k < rounds; ++k) peers.push_back(rank ^ (1 << k));
-  return peers;
-}
-
 std::shared_ptr<gloo::transport::Device> MakeGlooDevice(const std::string& iface,
                                                          const std::string& hostname) {
   gloo::transport::tcp::attr attr;
@@ -148,8 +129,12 @@ GlooComm::GlooComm(std::shared_ptr<gloo::transport::Device> device,
                   std::string("Gloo could not connect the ring's links: ") + e.what());
     }
     try {
-      links_ = std::make_unique<PeerLinks>(device, store, rank_, LatencyPeers(rank_, size_),
-                                           timeout_s);
+      // The AND's partners are those of every latency-bound exchange.
+      PlanAgreement();
+      std::vector<int> peers;
+      for (const AgreeStep& st : agree_steps_)
+        if (std::find(peers.begin(), peers.end(), st.peer) == peers.end()) peers.push_back(st.peer);
+      links_ = std::make_unique<PeerLinks>(device, store, rank_, peers, timeout_s);
     } catch (const std::exception& e) {
       throw Error(ErrorCode::kPeerFailure,
                   std::string("Gloo could not connect the peer links: ") + e.what());
@@ -185,10 +170,7 @@ void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
       GatherReduce(buf, count, count * DataTypeSize(dt), dt, op);
       return;
     case Path::kRing:
-      if (size_ == 2)
-        ExchangeAllreduce(static_cast<char*>(buf), static_cast<char*>(buf), count, dt, op);
-      else
-        RingAllreduce(static_cast<char*>(buf), static_cast<char*>(buf), count, dt, op);
+      LargeAllreduce(static_cast<char*>(buf), static_cast<char*>(buf), count, dt, op);
       return;
     case Path::kGloo:
       break;
@@ -214,13 +196,16 @@ void GlooComm::Allreduce(void* buf, size_t count, DataType dt, ReduceOp op) {
 void GlooComm::AllreduceInto(const void* in, void* out, size_t count, DataType dt,
                              ReduceOp op) {
   if (count > 0 && in != out && AllreducePath(count, dt) == Path::kRing) {
-    if (size_ == 2)
-      ExchangeAllreduce(static_cast<const char*>(in), static_cast<char*>(out), count, dt, op);
-    else
-      RingAllreduce(static_cast<const char*>(in), static_cast<char*>(out), count, dt, op);
+    LargeAllreduce(static_cast<const char*>(in), static_cast<char*>(out), count, dt, op);
     return;
   }
   Comm::AllreduceInto(in, out, count, dt, op);
+}
+
+void GlooComm::LargeAllreduce(const char* src, char* buf, size_t count, DataType dt,
+                              ReduceOp op) {
+  if (size_ == 2) ExchangeAllreduce(src, buf, count, dt, op);
+  else RingAllreduce(src, buf, count, dt, op);
 }
 
 void GlooComm::GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, ReduceOp op) {
@@ -235,9 +220,11 @@ void GlooComm::GatherReduce(void* buf, size_t count, size_t bytes, DataType dt, 
   } catch (const gloo::Exception& e) {
     Rethrow("allreduce", e);
   }
-  gather_.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + bytes);
-  from[rank_] = reinterpret_cast<const char*>(gather_.data());
-  std::memcpy(buf, from[0], bytes);
+  if (rank_ != 0) {  // buf starts as rank 0's values; this rank's go aside
+    gather_.assign(static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(buf) + bytes);
+    from[rank_] = reinterpret_cast<const char*>(gather_.data());
+    std::memcpy(buf, from[0], bytes);
+  }
   for (int q = 1; q < size_; ++q) Reduce(buf, buf, from[q], count, dt, op);
 }
 
@@ -279,9 +266,8 @@ void GlooComm::DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp 
 // 4 on (but 5), recursive doubling (log2 rounds, and a fold and an unfold when
 // the size is not a power of two). AND is exact and commutative: every order
 // gives the same bits.
-void GlooComm::PlanAgreement(size_t words) {
+void GlooComm::PlanAgreement() {
   const int n = size_, r = rank_;
-  agree_words_ = words;
   if (DoublingRounds(n) >= n - 1) {
     for (int q = 0; q < n; ++q)
       if (q != r) agree_steps_.push_back({q, 0, true, true});
@@ -297,12 +283,14 @@ void GlooComm::PlanAgreement(size_t words) {
       if (r + p2 < n) agree_steps_.push_back({r + p2, rounds + 1, true, false});
     }
   }
-  links_->PlanAgree(words);
 }
 
 void GlooComm::AgreeBits(uint64_t* bits, size_t words) {
   if (size_ == 1 || words == 0) return;
-  if (agree_steps_.empty()) PlanAgreement(words);
+  if (agree_words_ == 0) {  // the first call: the links' buffers for its size
+    agree_words_ = words;
+    links_->PlanAgree(words);
+  }
   if (words != agree_words_)
     throw Error(ErrorCode::kMismatch, "negotiation bit vector changed size: " +
                                           std::to_string(agree_words_) + " -> " +

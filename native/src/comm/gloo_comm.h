@@ -62,11 +62,13 @@ class GlooComm : public Comm {
   Path AllreducePath(size_t count, DataType dt) const;
   // buf receives the reduction of every member's src (src == buf: in place).
   void RingAllreduce(const char* src, char* buf, size_t count, DataType dt, ReduceOp op);
+  // The ring's path: RingAllreduce, or on 2 ranks ExchangeAllreduce.
+  void LargeAllreduce(const char* src, char* buf, size_t count, DataType dt, ReduceOp op);
   // The ring's path on 2 ranks: one exchange of the whole buffers (gloo_comm.cc).
   void ExchangeAllreduce(const char* src, char* buf, size_t count, DataType dt, ReduceOp op);
   void DoublingAllreduce(char* buf, size_t count, DataType dt, ReduceOp op);
-  // AgreeBits' schedule (agree_steps_) and the links' buffers for it.
-  void PlanAgreement(size_t words);
+  // AgreeBits' schedule (agree_steps_); its partners get the peer links.
+  void PlanAgreement();
   std::shared_ptr<gloo::Context> ctx_;
   int rank_, size_;
   std::vector<int> global_ranks_;
@@ -81,7 +83,7 @@ class GlooComm : public Comm {
     bool send, recv;
   };
   std::vector<AgreeStep> agree_steps_;
-  size_t agree_words_ = 0;
+  size_t agree_words_ = 0;  // set by the first call (0: none yet)
 };
 
 }  // namespace sdl
