@@ -1,14 +1,15 @@
 """The executor side of ``transform``: Arrow batches in, the model on whole batches, Arrow
 batches out, with no Python object per row (see :mod:`spark_dl.spark.common.model`).
 
-``transform`` is one ``DataFrame.mapInArrow`` (pyspark 3.5 and 4.x, classic and Spark
-Connect): each Arrow batch carries every column of the DataFrame, the feature columns are
-turned into NumPy arrays straight from the Arrow buffers (:func:`feature_array`: list and
-fixed-size-list columns through their flat values, Spark ML vectors through the values of
-their struct, sparse ones scattered), the predictor runs on the whole batch, and its outputs
-become Arrow arrays (:func:`output_array`) appended to the untouched columns of the batch.
-A DataFrame holding a vector column takes a scalar-iterator Arrow UDF instead where pyspark
-has one (4.1+; :meth:`ArrowPredict.scalar_iter`): only the features travel to Python.
+``transform`` is one scalar-iterator Arrow UDF where pyspark has one (4.1+, classic and
+Spark Connect; :meth:`ArrowPredict.scalar_iter`): only the feature columns travel to Python
+(vectors as arrays), and the outputs come back as one struct. On pyspark 3.5 it is one
+``DataFrame.mapInArrow`` (:meth:`ArrowPredict.__call__`): each Arrow batch carries every
+column of the DataFrame, and the outputs are appended to the untouched columns of the
+batch. Either way the feature columns are turned into NumPy arrays straight from the Arrow
+buffers (:func:`feature_array`: list and fixed-size-list columns through their flat values,
+Spark ML vectors through the values of their struct, sparse ones scattered), the predictor
+runs on the whole batch, and its outputs become Arrow arrays (:func:`output_array`).
 """
 
 import collections
@@ -126,7 +127,8 @@ def output_array(out: np.ndarray, kind: str, element, rows: int):
 
 
 class ArrowPredict:
-    """The picklable ``mapInArrow`` function of one transform.
+    """The picklable function of one transform: a ``mapInArrow`` function (called) or a
+    scalar-iterator Arrow UDF (:meth:`scalar_iter`).
 
     Args:
         key: the transform's id (the predictor is unpickled once per Python worker and key).

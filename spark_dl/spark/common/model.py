@@ -1,10 +1,12 @@
 """What every trained model does, whatever its framework: ``transform`` in Arrow batches.
 
 ``transform(df)`` adds one column per model output (``output_cols``; default
-``<label>__output``) and keeps every column of ``df``. Prediction is one
-``DataFrame.mapInArrow`` (:mod:`spark_dl.spark.common.inference`): feature columns go from
-Arrow buffers to NumPy without a Python object per row, the model runs on whole Arrow
-batches, and its outputs are built as Arrow arrays beside the batch's other columns. The
+``<label>__output``) and keeps every column of ``df``. Prediction is one scalar-iterator
+Arrow UDF where pyspark has one (4.1+: only the feature columns travel to Python, the other
+columns stay in Spark), else one ``DataFrame.mapInArrow`` (pyspark 3.5: the whole rows
+travel, and the outputs are appended to them) (:mod:`spark_dl.spark.common.inference`):
+feature columns go from Arrow buffers to NumPy without a Python object per row, the model
+runs on whole Arrow batches, and its outputs are built as Arrow arrays. The
 framework's :class:`~spark_dl.spark.common.adapter.Predictor` travels to the executors
 once per transform and is unpickled once per Python worker (a small cache keyed by the
 transform). It travels as a Spark broadcast on classic sessions; Spark Connect has no
@@ -163,11 +165,10 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
                     np.float64 if t.elementType == T.DoubleType() else np.float32
                     for kind, t in zip(kinds, types)]
         key = uuid.uuid4().hex
-        # mapInArrow ships every column to Python and back; Spark builds the Arrow form of
-        # vector (UDT) columns slowly, so frames holding one take an Arrow UDF where pyspark
-        # has it (only the features travel, vectors as arrays).
-        if _arrow_udf() is not None and any(isinstance(f.dataType, T.UserDefinedType)
-                                            for f in df.schema.fields):
+        # mapInArrow ships every column to Python and back, and Spark's conversions both
+        # ways are most of a small model's transform (docs/benchmarks.md); an Arrow UDF,
+        # where pyspark has one, ships only the features (vectors as arrays).
+        if _arrow_udf() is not None:
             return _transform_by_arrow_udf(df, key, shipped, features, specs, vector_dtype,
                                            out_cols, kinds, types, elements, ml_kind,
                                            len(ml_cols))
@@ -347,8 +348,9 @@ def _transform_by_arrow_udf(df, key, shipped, features, specs, vector_dtype, out
                             types, elements, ml_kind, n_ml):
     """``transform`` through a scalar-iterator Arrow UDF: only the feature columns travel to
     Python (vectors as arrays, through Spark's ``vector_to_array``), and the other columns
-    stay in Spark, which ``mapInArrow`` would ship to Python and back (costly for wide rows
-    and for vector columns, whose Arrow struct Spark builds slowly)."""
+    stay in Spark, which ``mapInArrow`` would ship to Python and back (its conversions both
+    ways cost a small model's transform a third more on array columns, and vector columns
+    far more: Spark builds their Arrow struct slowly)."""
     from pyspark.ml.functions import array_to_vector, vector_to_array
     from pyspark.sql import functions as F
 
