@@ -134,12 +134,12 @@ def test_arrow_udf_and_map_in_arrow_give_the_same_rows(spark, monkeypatch):
         return out._jdf.queryExecution().executedPlan().toString()
 
     has_udf = model_module._arrow_udf() is not None
-    default = [m.transform(df) for m in (three, one)]
+    default = [model.transform(df) for model in (three, one)]
     for out in default:
         assert ("ArrowEvalPython" in plan(out)) == has_udf
         assert ("MapInArrow" in plan(out)) != has_udf
-    with monkeypatch.context() as m:
-        m.setattr(model_module, "_arrow_udf", lambda: None)
+    with monkeypatch.context() as patch:
+        patch.setattr(model_module, "_arrow_udf", lambda: None)
         by_map = [model.transform(df) for model in (three, one)]
     for a, b in zip(default, by_map):
         assert a.schema == b.schema
