@@ -180,7 +180,8 @@ class ArrowPredict:
 
     def scalar_iter(self, batches):
         """A scalar-iterator Arrow UDF (pyspark >= 4.1): the feature columns in, one struct
-        of the outputs (fields ``_0``, ``_1`` ...) out; the other columns stay in Spark."""
+        of the outputs (fields ``_0``, ``_1`` ...) out, or the output itself when there is
+        one; the other columns stay in Spark."""
         import pyarrow as pa
 
         predictor = _executor_predictor(self.key, self.shipped)
@@ -192,7 +193,8 @@ class ArrowPredict:
             rows = len(columns[0])
             outputs = self._outputs(predictor, columns, rows) if rows else \
                 [pa.array([], type=t) for t in self._empty_types()]
-            yield pa.StructArray.from_arrays(outputs, names=self.names)
+            yield outputs[0] if len(outputs) == 1 else \
+                pa.StructArray.from_arrays(outputs, names=self.names)
 
     def _empty_types(self):
         import pyarrow as pa

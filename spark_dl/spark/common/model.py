@@ -370,7 +370,9 @@ def _transform_by_arrow_udf(df, key, shipped, features, specs, vector_dtype, out
                       vector_dtype, [], fields,
                       ["vector_values" if k == "vector" else k for k in kinds], elements,
                       ml_kind, n_ml)
-    schema = T.StructType([T.StructField(f, t, True) for f, t in zip(fields, types)])
+    # One output comes back as itself, several as one struct (a struct costs Spark more).
+    schema = types[0] if len(types) == 1 else \
+        T.StructType([T.StructField(f, t, True) for f, t in zip(fields, types)])
     with warnings.catch_warnings():
         # pyspark 4.1+ prefers type hints to the UDF type; the function is built here, so
         # the type is given and the user is not told about it.
@@ -379,7 +381,7 @@ def _transform_by_arrow_udf(df, key, shipped, features, specs, vector_dtype, out
     out = df.withColumn(_TMP_COL, udf(*inputs))
     cols = [_col(c) for c in df.columns if c not in out_cols]
     for i, (name, kind) in enumerate(zip(out_cols, kinds)):
-        field = F.col(f"`{_TMP_COL}`.`_{i}`")
+        field = F.col(f"`{_TMP_COL}`" if len(types) == 1 else f"`{_TMP_COL}`.`_{i}`")
         if kind == "vector":
             field = array_to_vector(field)
         cols.append(field.alias(name))
