@@ -177,6 +177,21 @@ def test_transform_matches_classic(df, classic_df, col):
     np.testing.assert_array_equal(pdf["prediction"].to_numpy(), want)
 
 
+
+def test_transform_keeps_a_name_that_a_join_left_twice(df, connect_spark):
+    # Spark Connect resolves names on the server: the columns named twice travel under
+    # positional names there too and come back as they were.
+    other = connect_spark.createDataFrame([(i, f"r{i}") for i in range(ROWS)], ["id", "t"])
+    model = torch_model("arr")
+    got = model.transform(df.join(other, df.id == other.id))
+    assert got.columns == ["id", "vec", "arr", "y", "id", "t", "y__output", "prediction"]
+    pdf = got.toPandas()
+    assert [tuple(r) for r in pdf.iloc[:, [0, 4, 5]].itertuples(index=False)] == \
+        [(i, i, f"r{i}") for i in pdf.iloc[:, 0]]
+    np.testing.assert_allclose(pdf["y__output"].to_numpy(),
+                               expected(model.getModel())[pdf.iloc[:, 0].to_numpy()],
+                               rtol=1e-5, atol=1e-5)
+
 def test_small_predictors_ride_in_the_udf_large_ones_as_artifacts(connect_spark,
                                                                    monkeypatch):
     assert isinstance(model_module._ship_predictor(connect_spark, b"x" * 100),

@@ -148,3 +148,40 @@ def test_arrow_udf_and_map_in_arrow_give_the_same_rows(spark, monkeypatch):
         for col in (c for c in got.columns if c != "name"):
             np.testing.assert_array_equal(data.column(got, col), data.column(want, col),
                                           err_msg=col)
+
+
+def test_a_frame_with_a_name_twice_transforms(spark, monkeypatch):
+    # A join leaves `id` twice. Spark resolves columns by name, so transform carries them
+    # under positional names and gives theirs back: every column stays where it was. An
+    # output named like them replaces both; a feature named twice is an error up front.
+    import spark_dl.spark.common.model as model_module
+
+    a = spark.createDataFrame([(1, [1.0, 2.0]), (2, [3.0, 4.0])], ["id", "x"])
+    b = spark.createDataFrame([(1, "p"), (2, "q")], ["id", "t"])
+    joined = a.join(b, a.id == b.id)
+    torch.manual_seed(0)
+    net = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        want = net(torch.tensor([[1.0, 2.0], [3.0, 4.0]])).numpy().reshape(-1)
+    model = TorchModel(model=net, feature_columns=["x"], label_columns=["y"])
+    replacing = TorchModel(model=net, feature_columns=["x"], label_columns=["y"],
+                           output_cols=["id"])
+    for carrier in ("default", "mapInArrow"):
+        with monkeypatch.context() as patch:
+            if carrier == "mapInArrow":
+                patch.setattr(model_module, "_arrow_udf", lambda: None)
+            out = model.transform(joined)
+            assert out.columns == ["id", "x", "id", "t", "y__output"], carrier
+            rows = sorted(out.collect(), key=lambda r: r[0])
+            assert [tuple(r)[:4] for r in rows] == [(1, [1.0, 2.0], 1, "p"),
+                                                    (2, [3.0, 4.0], 2, "q")]
+            np.testing.assert_allclose([r[4] for r in rows], want, rtol=1e-6)
+            out = replacing.transform(joined)
+            assert out.columns == ["x", "t", "id"], carrier
+            np.testing.assert_allclose(sorted(r.id for r in out.collect()), sorted(want),
+                                       rtol=1e-6)
+    twice = TorchModel(model=torch.nn.Linear(1, 1), feature_columns=["id"],
+                       label_columns=["y"])
+    with pytest.raises(ValueError, match=r"feature columns \['id'\] are each in the "
+                                         r"DataFrame more than once"):
+        twice.transform(joined)

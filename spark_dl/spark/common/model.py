@@ -130,6 +130,27 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
         return specs
 
     def _transform(self, df):
+        names = df.columns
+        twice = {c for c in names if names.count(c) > 1}
+        if not twice:
+            return self._transform_unique(df)
+        # A join can leave a name twice, and Spark resolves columns by name (mapInArrow's
+        # own arguments too): those columns travel under positional names and get theirs
+        # back after. A name that an output replaces goes, all of its columns.
+        features = self.getFeatureColumns() or []
+        if twice & set(features):
+            raise ValueError(f"feature columns {sorted(twice & set(features))} are each in "
+                             f"the DataFrame more than once (columns: {names}): rename or "
+                             "drop the copies that are not the model's input first")
+        replaced = twice & set(self.getOutputCols() + [n for n, _ in self._ml_columns()])
+        if replaced:
+            df = df.drop(*sorted(replaced))
+        original = {f"__spark_dl_col{i}": c for i, c in enumerate(df.columns) if c in twice}
+        out = self._transform_unique(df.toDF(*[f"__spark_dl_col{i}" if c in twice else c
+                                               for i, c in enumerate(df.columns)]))
+        return out.toDF(*[original.get(c, c) for c in out.columns])
+
+    def _transform_unique(self, df):
         from pyspark.ml.linalg import VectorUDT
 
         from spark_dl.spark.common.inference import ArrowPredict
