@@ -37,6 +37,7 @@ TESTS=(
   $T/test_torch_estimator.py::test_transform_matches_local_model_on_double_vectors
   $T/test_transform.py::test_arrow_udf_and_map_in_arrow_give_the_same_rows
   $T/test_transform.py::test_a_frame_with_a_name_twice_transforms
+  $T/test_transform.py::test_names_with_dots_and_spaces_transform
   $T/test_torch_estimator.py::test_model_persistence_round_trip
   $T/test_torch_estimator.py::test_pipeline_with_estimator_saves_and_loads
   $T/test_keras_estimator.py::test_fit_learns_reports_and_checkpoints

@@ -182,6 +182,28 @@ def test_validation_column_and_fraction(typed_df, store, cache):
     assert sorted(both) == list(range(60))
 
 
+
+def test_names_with_dots_and_spaces(typed_df, store, cache):
+    # pyspark's mapInArrow looks columns up by name, where "a.b" means field b of struct a:
+    # prepare_data hands Spark positional names and writes the users' back.
+    df = typed_df.select(typed_df["id"].alias("x.id"), typed_df["sv"].alias("v.s"),
+                         typed_df["dv"].alias("d v"), typed_df["y"].alias("y.1"),
+                         typed_df["is_val"].alias("val.flag"))
+    idx = prepare_data(2, store, df, ["y.1"], ["x.id", "v.s", "d v"], validation="val.flag",
+                       compress_sparse=True, cache=cache)
+    meta = get_dataset_metadata(store, idx)
+    assert sorted(meta["columns"]) == ["d v", "v.s", "x.id", "y.1"]
+    assert meta["columns"]["v.s"]["sparse"] is True
+    first = os.path.join(meta["train"]["path"], meta["train"]["files"][0]["name"])
+    assert sorted(pq.read_schema(first).names) == ["d v", "v.s", "x.id", "y.1"]
+    train, val = read_all(store, idx), read_all(store, idx, "val")
+    assert sorted(val["x.id"]) == [i for i in range(60) if i % 5 == 0]
+    order = np.argsort(train["x.id"])
+    ids = train["x.id"][order]
+    for name, col in (("v.s", "sv"), ("d v", "dv"), ("y.1", "y")):
+        want = np.array([expected_rows(i)[col] for i in ids])
+        np.testing.assert_allclose(train[name][order].astype(float), want, err_msg=name)
+
 def test_loader_ranks_over_prepared_data(typed_df, store, cache):
     idx = prepare_data(3, store, typed_df, ["y"], ["dv"], row_group_size_mb=0.0003,
                        cache=cache)

@@ -185,3 +185,34 @@ def test_a_frame_with_a_name_twice_transforms(spark, monkeypatch):
     with pytest.raises(ValueError, match=r"feature columns \['id'\] are each in the "
                                          r"DataFrame more than once"):
         twice.transform(joined)
+
+
+def test_names_with_dots_and_spaces_transform(spark, monkeypatch):
+    # Spark reads "a.b" as field b of struct a where a name is looked up (pyspark's
+    # mapInArrow does that for every column): the features and the outputs keep theirs.
+    import spark_dl.spark.common.model as model_module
+
+    class Two(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.linear = torch.nn.Linear(2, 1)
+
+        def forward(self, a, b):
+            return self.linear(torch.cat([a, b], 1))
+
+    net = Two()
+    df = spark.createDataFrame([(float(i), [i * 2.0], i * 3.0) for i in range(6)],
+                               ["a.b", "c d", "y.z"])
+    with torch.no_grad():
+        want = net(torch.arange(6.0).reshape(6, 1),
+                   torch.arange(6.0).reshape(6, 1) * 2).numpy().reshape(-1)
+    model = TorchModel(model=net, feature_columns=["a.b", "c d"], label_columns=["y.z"])
+    for carrier in ("default", "mapInArrow"):
+        with monkeypatch.context() as patch:
+            if carrier == "mapInArrow":
+                patch.setattr(model_module, "_arrow_udf", lambda: None)
+            out = model.transform(df)
+            assert out.columns == ["a.b", "c d", "y.z", "y.z__output"], carrier
+            pdf = out.toPandas().sort_values("a.b")
+            np.testing.assert_allclose(pdf["y.z__output"].to_numpy(), want, rtol=1e-6)

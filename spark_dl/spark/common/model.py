@@ -203,7 +203,10 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
         fn = ArrowPredict(key, shipped, features, [names.index(c) for c in features], specs,
                           vector_dtype, keep, [f.name for f in out_fields], kinds, elements,
                           ml_kind, len(ml_cols))
-        return df.mapInArrow(fn, T.StructType(out_fields))
+        # Positional names in: pyspark's mapInArrow looks every column up by name and
+        # reads a name holding a dot as a struct's field (ArrowPredict goes by position).
+        return df.toDF(*[f"_{i}" for i in range(len(names))]) \
+            .mapInArrow(fn, T.StructType(out_fields))
 
     def predict_pandas(self, pdf):
         """The model's outputs for the rows of the pandas DataFrame ``pdf``, computed in

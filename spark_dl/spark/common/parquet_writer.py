@@ -56,11 +56,16 @@ class PartitionWriter:
         split: whether batches carry the boolean ``SPLIT_COLUMN`` (True = validation row;
             null = a null in the validation column, counted and written as training).
         compression: Parquet codec.
+        names: the names of the batches' columns, in order, when Spark hands them over
+            under other names (``prepare_data`` selects them as ``_0``, ``_1``, ...:
+            pyspark's ``mapInArrow`` looks each column up by name, and would read a name
+            holding a dot as a struct's field).
     """
 
     def __init__(self, store, dirs: Dict[str, str], stats, row_group_bytes: float,
                  sparse: Dict[str, tuple], split: bool, compression: str = "snappy",
-                 raw: Optional[Dict[str, str]] = None):
+                 raw: Optional[Dict[str, str]] = None, names: Optional[List[str]] = None):
+        self.names = names
         self.store = store
         self.dirs = dirs
         self.stats = stats
@@ -86,6 +91,8 @@ class PartitionWriter:
             for rb in batches:
                 if rb.num_rows == 0:
                     continue
+                if self.names is not None:
+                    rb = pa.RecordBatch.from_arrays(rb.columns, names=self.names)
                 parts = {"train": rb}
                 if self.split:
                     flag = rb.column(SPLIT_COLUMN)

@@ -269,8 +269,8 @@ class _VectorStats:
 
         acc = {n: [0, 0, None, None, 0] for n in self.names}
         for rb in batches:
-            for name in self.names:
-                arr = rb.column(name)
+            for i, name in enumerate(self.names):
+                arr = rb.column(i)  # Spark's names are positional (see prepare_data)
                 if arr.null_count:  # nulls are counted by the write pass (DataStats)
                     arr = arr.filter(arr.is_valid())
                 kind = np.asarray(arr.field("type"))

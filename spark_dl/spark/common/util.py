@@ -162,8 +162,8 @@ def prepare_data(num_processes: int, store: Store, df,
     vector_cols = [n for n, i in infos.items() if i.kind == constants.KIND_VECTOR]
     sparse_rows = 0
     if compress_sparse and vector_cols:
-        rows = df.select(*[_col(n) for n in vector_cols]).mapInArrow(
-            vector_stats_fn(vector_cols), vector_stats_schema()).collect()
+        rows = df.select(*[_col(n).alias(f"_{i}") for i, n in enumerate(vector_cols)]) \
+            .mapInArrow(vector_stats_fn(vector_cols), vector_stats_schema()).collect()
         sparse_rows = check_vector_stats(rows, infos)
     if not store.capabilities.shared_across_processes:
         raise ValueError(f"store {store.prefix_path!r} lives in this process only, so Spark "
@@ -185,7 +185,8 @@ def prepare_data(num_processes: int, store: Store, df,
     writer = PartitionWriter(store, dirs, stats, row_group_size_mb * (1 << 20),
                              sparse_columns(infos.values(),
                                             lambda i: _stored_row_bytes(i, sparse_rows)),
-                             split=validation is not None, raw=_raw_columns(infos))
+                             split=validation is not None, raw=_raw_columns(infos),
+                             names=_written_names(infos, validation))
     t1 = time.time()
     summaries = selected.mapInArrow(writer, summary_schema()).collect()
     files = [r for r in summaries if r["split"] is not None]
@@ -311,13 +312,20 @@ def _select(df, infos, vector_dtype, val_col, fraction, seed):
         c = _col(name)
         if info.kind == constants.KIND_VECTOR and not info.sparse:
             c = vector_to_array(c, dtype=vector_dtype)
-        cols.append(c.alias(name))
+        # Positional names: pyspark's mapInArrow looks every column up by name, and
+        # reads a name holding a dot as a struct's field; the writer gives the names back.
+        cols.append(c.alias(f"_{len(cols)}"))
     if val_col:
         # Nulls stay null: the writer counts them (an error) and writes them as training.
         cols.append(_col(val_col).cast("boolean").alias(SPLIT_COLUMN))
     elif fraction is not None:
         cols.append((F.rand(seed) < F.lit(fraction)).alias(SPLIT_COLUMN))
     return df.select(*cols)
+
+
+def _written_names(infos, validation) -> List[str]:
+    """The names of :func:`_select`'s columns, which it selects under positional ones."""
+    return list(infos) + ([SPLIT_COLUMN] if validation is not None else [])
 
 
 def _decoded_row_bytes(info) -> int:
