@@ -216,3 +216,37 @@ def test_names_with_dots_and_spaces_transform(spark, monkeypatch):
             assert out.columns == ["a.b", "c d", "y.z", "y.z__output"], carrier
             pdf = out.toPandas().sort_values("a.b")
             np.testing.assert_allclose(pdf["y.z__output"].to_numpy(), want, rtol=1e-6)
+
+
+def test_streaming_frames_transform(spark, tmp_path):
+    # Structured Streaming: transform adds a streaming column, as pyspark.ml's models do. A
+    # fitted model (or input_shapes [-1, n]) knows each row's size; a model built by hand
+    # without them would read a row, which a stream cannot give: a clear error instead.
+    import pyspark.sql.types as T
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(2, 1)
+    rows = [(i, [float(i), 1.0]) for i in range(8)]
+    schema = T.StructType([T.StructField("id", T.LongType()),
+                           T.StructField("x", T.ArrayType(T.DoubleType()))])
+    spark.createDataFrame(rows, schema).write.parquet(str(tmp_path / "in"))
+    stream = spark.readStream.schema(schema).parquet(str(tmp_path / "in"))
+    with torch.no_grad():
+        want = net(torch.tensor([r[1] for r in rows])).numpy().reshape(-1)
+    by_hand = TorchModel(model=net, feature_columns=["x"], label_columns=["y"])
+    with pytest.raises(ValueError, match="streaming DataFrame cannot give.*input_shapes"):
+        by_hand.transform(stream)
+    for i, model in enumerate([by_hand.copy().setInputShapes([[-1, 2]]),
+                               by_hand.copy().setMetadata(
+                                   {"columns": {"x": {"kind": "array", "dtype": "float32",
+                                                      "shape": [2]}}})]):
+        out = model.transform(stream)
+        assert out.isStreaming
+        query = (out.writeStream.format("memory").queryName(f"scored{i}")
+                 .trigger(availableNow=True).start())
+        try:
+            assert query.awaitTermination(120), "the stream did not finish in 120 s"
+        finally:
+            query.stop()
+        got = spark.sql(f"select id, y__output from scored{i}").toPandas().sort_values("id")
+        np.testing.assert_allclose(got["y__output"].to_numpy(), want, rtol=1e-6)

@@ -31,7 +31,7 @@ default column names. They come from the first output, for a model with one labe
 import threading
 import uuid
 import warnings
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 from pyspark.ml import Model
@@ -123,11 +123,26 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
             if info.kind == constants.KIND_SCALAR:
                 specs[col] = {"kind": info.kind, "dtype": info.dtype, "shape": []}
                 continue
-            if first is None:  # a model built by hand: look at one row
-                first = _first_row(df, features)
-            specs[col] = {"kind": info.kind, "dtype": "float64",
-                          "shape": [len(first[col])]}
+            size = self._row_size_from_input_shapes(col)
+            if size is None:
+                if first is None:  # a model built by hand: look at one row
+                    first = _first_row(df, features)
+                size = len(first[col])
+            specs[col] = {"kind": info.kind, "dtype": "float64", "shape": [size]}
         return specs
+
+    def _row_size_from_input_shapes(self, col: str) -> Optional[int]:
+        """How many values a row of feature ``col`` holds, where the model's
+        ``input_shapes`` (torch, Lightning) say it: ``[-1, *row]``; else None (a shape
+        without -1 may be one row's or a fixed batch's)."""
+        getter = getattr(self, "getInputShapes", None)
+        shapes, features = getter() if getter else None, self.getFeatureColumns()
+        if not shapes or len(shapes) != len(features):
+            return None
+        shape = list(shapes[features.index(col)])
+        if len(shape) < 2 or shape[0] != -1 or -1 in shape[1:]:
+            return None
+        return int(np.prod(shape[1:], dtype=np.int64))
 
     def _transform(self, df):
         names = df.columns
@@ -424,12 +439,18 @@ def _first_row(df, features):
 
     from spark_dl.spark.common.schema import _col
 
+    hint = ("use a model from fit(), whose metadata holds them, or set input_shapes="
+            "[[-1, n], ...] (torch, Lightning) or the metadata: model.setMetadata({'columns': "
+            "{'x': {'kind': 'array', 'dtype': 'float32', 'shape': [n]}}})")
+    if df.isStreaming:
+        raise ValueError("transform() needs the number of values per row of each array or "
+                         "vector feature, and a model built by hand reads it from the first "
+                         f"row, which a streaming DataFrame cannot give: {hint}")
     exprs = [vector_to_array(_col(f.name)).alias(f.name) if isinstance(f.dataType, VectorUDT)
              else _col(f.name) for f in df.schema.fields if f.name in features]
     row = df.select(*exprs).first()
     if row is None:
-        raise ValueError("the DataFrame is empty, so the feature shapes cannot be read; "
-                         "set the model's metadata (or its framework's input shapes)")
+        raise ValueError(f"the DataFrame is empty, so the feature shapes cannot be read: {hint}")
     return row.asDict()
 
 
