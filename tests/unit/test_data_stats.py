@@ -1,5 +1,5 @@
 """DataStats: the data checks prepare_data counts inside its write job, per Arrow batch,
-merged on the driver (no Spark needed)."""
+merged on the driver; and the errors for column types it cannot take (no Spark needed)."""
 
 import math
 
@@ -80,3 +80,21 @@ def test_check_stats_reads_merged_counts():
         check_stats(dict(ok, nonfinite_0=2), infos, compress_sparse=False)
     with pytest.raises(ValueError, match="empty"):
         check_stats({"n": 0}, infos, compress_sparse=False)
+
+
+@pytest.mark.parametrize("make, fix", [
+    (lambda T: T.DecimalType(10, 2), r"cast it to double first \(col.cast\('double'\)\)"),
+    (lambda T: T.ArrayType(T.DecimalType(10, 2)), r"col.cast\('array<double>'\)"),
+    (lambda T: T.ArrayType(T.ArrayType(T.FloatType())), "flatten it to one level"),
+    (lambda T: T.ArrayType(T.StringType()), "convert its elements to numbers first"),
+    (lambda T: T.StringType(), "StringIndexer"),
+])
+def test_unsupported_types_name_their_fix(make, fix):
+    # Each unsupported column type gets the fix that suits it: an array is cast whole.
+    pytest.importorskip("pyspark")
+    from pyspark.sql import types as T
+
+    from spark_dl.spark.common.schema import classify
+
+    with pytest.raises(TypeError, match=r"column 'c' has unsupported type .*" + fix):
+        classify("c", make(T), "float64")

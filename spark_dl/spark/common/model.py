@@ -134,7 +134,7 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
     def _row_size_from_input_shapes(self, col: str) -> Optional[int]:
         """How many values a row of feature ``col`` holds, where the model's
         ``input_shapes`` (torch, Lightning) say it: ``[-1, *row]``; else None (a shape
-        without -1 may be one row's or a fixed batch's)."""
+        without -1 may be one row's or a fixed batch's). KerasModel reads its inputs."""
         getter = getattr(self, "getInputShapes", None)
         shapes, features = getter() if getter else None, self.getFeatureColumns()
         if not shapes or len(shapes) != len(features):
@@ -440,7 +440,8 @@ def _first_row(df, features):
     from spark_dl.spark.common.schema import _col
 
     hint = ("use a model from fit(), whose metadata holds them, or set input_shapes="
-            "[[-1, n], ...] (torch, Lightning) or the metadata: model.setMetadata({'columns': "
+            "[[-1, n], ...] (torch, Lightning; a Keras model's inputs say it where their "
+            "shapes are complete) or the metadata: model.setMetadata({'columns': "
             "{'x': {'kind': 'array', 'dtype': 'float32', 'shape': [n]}}})")
     if df.isStreaming:
         raise ValueError("transform() needs the number of values per row of each array or "

@@ -46,6 +46,11 @@ _FIXES = {
              "the model",
     "void": "cast it to a numeric type",
 }
+# The same for an array's elements: an array column is cast whole.
+_ARRAY_FIXES = {
+    "decimal": "cast it to array<double> first (col.cast('array<double>'))",
+    "array": _FIXES["array"],
+}
 
 
 @dataclasses.dataclass
@@ -93,8 +98,10 @@ def classify(name: str, dt, vector_dtype: str) -> ColumnInfo:
             return ColumnInfo(name, constants.KIND_ARRAY, _SCALAR_DTYPES[elem], simple)
         key = "array" if isinstance(dt.elementType, T.ArrayType) else \
             elem.split("(")[0].split("<")[0]
+        fix = _ARRAY_FIXES.get(key, "convert its elements to numbers first (e.g. "
+                               "pyspark.sql.functions.transform)")
         raise TypeError(f"column {name!r} has unsupported type {simple}: arrays must hold "
-                        f"numbers or booleans; {_FIXES.get(key, 'convert it to numbers first')}")
+                        f"numbers or booleans; {fix}")
     key = simple.split("(")[0].split("<")[0]
     raise TypeError(f"column {name!r} has unsupported type {simple}; "
                     f"{_FIXES.get(key, 'convert it to numbers, arrays of numbers or vectors')}")

@@ -1,13 +1,16 @@
 """``KerasModel``: a trained Keras model as a Spark ML Transformer.
 
-``transform`` is the shared one (:mod:`spark_dl.spark.common.model`: Arrow batches in a
-pandas UDF, the model broadcast once per transform); this class supplies the
+``transform`` is the shared one (:mod:`spark_dl.spark.common.model`: Arrow batches in an
+Arrow UDF, the model shipped once per transform); this class supplies the
 :class:`~spark_dl.spark.keras.adapter.KerasPredictor`, which carries the model as ``.keras``
 bytes, converts feature columns exactly as training did (:mod:`spark_dl.spark.keras.util`)
 and predicts ``batch_size`` rows at a time. ML persistence saves the model as a ``.keras``
 file too, and loads it with ``custom_objects``.
 """
 
+from typing import Optional
+
+import numpy as np
 from pyspark import keyword_only
 
 from spark_dl.spark.common.model import ModelBase
@@ -65,6 +68,19 @@ class KerasModel(KerasModelParamsAccessors, ModelBase):
         return KerasPredictor(data, util.with_shipped_classes(data, self.getCustomObjects()),
                               self.getFeatureColumns(), util.input_specs(model),
                               self.getBatchSize(), use_gpu=self.getUseGpu())
+
+    def _row_size_from_input_shapes(self, col: str) -> Optional[int]:
+        """How many values a row of feature ``col`` holds: the size of the model input it
+        feeds (inputs in feature order), where every dimension is known; else None."""
+        model, features = self.getModel(), self.getFeatureColumns()
+        try:
+            specs = util.input_specs(model)
+        except ValueError:
+            return None
+        shape = specs[features.index(col)][1] if len(specs) == len(features) else None
+        if not shape or None in shape:
+            return None
+        return int(np.prod(shape, dtype=np.int64))
 
     def _params_to_pickle(self, params: dict) -> dict:
         if params.get("model") is not None:

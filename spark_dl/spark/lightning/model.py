@@ -1,7 +1,7 @@
 """``LightningModel``: a trained LightningModule as a Spark ML Transformer.
 
-``transform`` is the shared one (:mod:`spark_dl.spark.common.model`: Arrow batches in a
-pandas UDF, the model broadcast once per transform); this class supplies the
+``transform`` is the shared one (:mod:`spark_dl.spark.common.model`: Arrow batches in an
+Arrow UDF, the model shipped once per transform); this class supplies the
 :class:`~spark_dl.spark.lightning.adapter.LightningPredictor`, which converts feature
 columns exactly as training did and calls the module's ``forward`` in eval mode without
 gradients.

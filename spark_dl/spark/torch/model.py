@@ -1,7 +1,7 @@
 """``TorchModel``: a trained PyTorch model as a Spark ML Transformer.
 
-``transform`` is the shared one (:mod:`spark_dl.spark.common.model`: Arrow batches in a
-pandas UDF, the model broadcast once per transform); this class supplies the
+``transform`` is the shared one (:mod:`spark_dl.spark.common.model`: Arrow batches in an
+Arrow UDF, the model shipped once per transform); this class supplies the
 :class:`~spark_dl.spark.torch.adapter.TorchPredictor`, which converts feature columns
 exactly as training did (:mod:`spark_dl.spark.torch.util`: cast to the model's dtype,
 reshaped to ``input_shapes``) and runs the model in eval mode without gradients.
