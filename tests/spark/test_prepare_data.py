@@ -316,6 +316,8 @@ def test_bad_inputs_raise_and_leave_nothing(spark, store, cache):
          "'v' has 2 nulls"),
         (ok, dict(feature_columns=[]), ValueError, "feature_columns is empty"),
         (ok, dict(label_columns=["x"]), ValueError, "more than once"),
+        (ok.select("y", "x", "x"), {}, ValueError,  # a join on a.x == b.x keeps both
+         r"columns \['x'\] are each in the DataFrame more than once"),
         (ok.withColumn("w", F.array(F.lit(1.0))), dict(sample_weight_col="w"), TypeError,
          "'w' must be a numeric"),
     ]

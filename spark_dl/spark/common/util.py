@@ -106,9 +106,9 @@ def prepare_data(num_processes: int, store: Store, df,
     Raises:
         KeyError: a named column is not in ``df``.
         TypeError: a column has an unsupported type (the message names the fix).
-        ValueError: bad arguments, an empty DataFrame, nulls, NaN or infinite values
-            (unless ``allow_nonfinite``), arrays or vectors of differing
-            lengths, a validation split that leaves either side empty.
+        ValueError: bad arguments, a named column in ``df`` twice, an empty DataFrame,
+            nulls, NaN or infinite values (unless ``allow_nonfinite``), arrays or vectors of
+            differing lengths, a validation split that leaves either side empty.
         PermissionError: the store cannot be written.
     """
     t0 = time.time()
@@ -126,6 +126,12 @@ def prepare_data(num_processes: int, store: Store, df,
 
     # 1. schema
     fields = {f.name: f.dataType for f in df.schema.fields}
+    names = [f.name for f in df.schema.fields]
+    twice = sorted({n for n in columns + ([val_col] if val_col else []) if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"columns {twice} are each in the DataFrame more than once (columns: "
+                         f"{names}); rename or drop the copies that are not meant first (a "
+                         "join on a.id == b.id keeps both id columns)")
     for name in columns + ([val_col] if val_col else []):
         if name not in fields:
             raise KeyError(f"column {name!r} is not in the DataFrame (columns: "
