@@ -125,14 +125,16 @@ def prepare_data(num_processes: int, store: Store, df,
     fraction = float(validation) if validation is not None and val_col is None else None
 
     # 1. schema
-    fields = {f.name: f.dataType for f in df.schema.fields}
-    names = [f.name for f in df.schema.fields]
-    twice = sorted({n for n in columns + ([val_col] if val_col else []) if names.count(n) > 1})
+    schema = df.schema.fields
+    fields = {f.name: f.dataType for f in schema}
+    names = [f.name for f in schema]
+    requested = columns + ([val_col] if val_col else [])
+    twice = sorted({n for n in requested if names.count(n) > 1})
     if twice:
         raise ValueError(f"columns {twice} are each in the DataFrame more than once (columns: "
                          f"{names}); rename or drop the copies that are not meant first (a "
                          "join on a.id == b.id keeps both id columns)")
-    for name in columns + ([val_col] if val_col else []):
+    for name in requested:
         if name not in fields:
             raise KeyError(f"column {name!r} is not in the DataFrame (columns: "
                            f"{list(fields)}); fix the name or add the column")
