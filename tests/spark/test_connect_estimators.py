@@ -191,7 +191,7 @@ def _lightning_module():
 def test_bad_inputs_fail_before_any_job(connect_spark, df, store):
     import threading
 
-    with pytest.raises(KeyError, match="column .nope. is not in the DataFrame"):
+    with pytest.raises(KeyError, match=r"columns \[.nope.\] are not in the DataFrame"):
         torch_estimator(store, feature_cols=["nope"]).fit(df)
 
     lock = threading.Lock()

@@ -1,5 +1,6 @@
 """DataStats: the data checks prepare_data counts inside its write job, per Arrow batch,
-merged on the driver; and the errors for column types it cannot take (no Spark needed)."""
+merged on the driver; the errors for column types it cannot take, and for names missing
+or held twice (no Spark needed)."""
 
 import math
 
@@ -7,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from spark_dl.spark.common import constants
-from spark_dl.spark.common.schema import ColumnInfo, DataStats, check_stats
+from spark_dl.spark.common.schema import ColumnInfo, DataStats, check_stats, column_positions
 
 NAN, INF = math.nan, math.inf
 
@@ -98,3 +99,14 @@ def test_unsupported_types_name_their_fix(make, fix):
 
     with pytest.raises(TypeError, match=r"column 'c' has unsupported type .*" + fix):
         classify("c", make(T), "float64")
+
+
+def test_column_positions_find_each_name_once():
+    names = ["id", "x.y", "id", "z"]
+    assert column_positions(names, ["z", "x.y"]) == [3, 1]
+    with pytest.raises(ValueError, match=r"columns \['id'\] are each in the DataFrame more "
+                                         r"than once \(columns: \['id', 'x.y', 'id', 'z'\]\)"):
+        column_positions(names, ["z", "id"])
+    with pytest.raises(KeyError, match=r"feature columns \['a', 'b'\] are not in the "
+                                       "DataFrame"):
+        column_positions(names, ["a", "z", "b", "a"], "feature columns")

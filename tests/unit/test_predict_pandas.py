@@ -63,6 +63,9 @@ def test_bad_input_is_named():
     _, model = _model()
     with pytest.raises(KeyError, match=r"feature columns \['x'\] are not in"):
         model.predict_pandas(pd.DataFrame({"y": [1.0]}))
+    with pytest.raises(ValueError, match=r"feature columns \['x'\] are each in the "
+                                         "DataFrame more than once"):
+        model.predict_pandas(pd.DataFrame([[[1.0, 2.0], [3.0, 4.0]]], columns=["x", "x"]))
     with pytest.raises(ValueError, match="feature column 'x' has null values"):
         model.predict_pandas(pd.DataFrame({"x": [[1.0, 2.0, 3.0], None]}))
     with pytest.raises(ValueError, match=r"feature column 'x' has rows of \[2, 3\] values"):

@@ -28,6 +28,8 @@ the model plugs into pyspark.ml's evaluators, ``CrossValidator`` and pipelines w
 default column names. They come from the first output, for a model with one label.
 """
 
+import dataclasses
+import functools
 import threading
 import uuid
 import warnings
@@ -97,17 +99,14 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
 
     # ------------------------------------------------------------------ transform
 
-    def _column_specs(self, df) -> Dict[str, dict]:
-        """kind/dtype/shape of each feature column: from training, else from ``df``."""
+    def _column_specs(self, df, positions: List[int]) -> Dict[str, dict]:
+        """kind/dtype/shape of each feature column (at ``positions`` in ``df``): from
+        training, else from ``df``."""
         from spark_dl.spark.common.schema import classify
 
         features = self.getFeatureColumns()
         known = (self.getMetadata() or {}).get("columns", {})
-        fields = {f.name: f.dataType for f in df.schema.fields}
-        missing = [c for c in features if c not in fields]
-        if missing:
-            raise KeyError(f"feature columns {missing} are not in the DataFrame (columns: "
-                           f"{list(fields)})")
+        fields = {col: df.schema.fields[i].dataType for col, i in zip(features, positions)}
         specs = {}
         first = None
         for col in features:
@@ -145,39 +144,18 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
         return int(np.prod(shape[1:], dtype=np.int64))
 
     def _transform(self, df):
-        names = df.columns
-        twice = {c for c in names if names.count(c) > 1}
-        if not twice:
-            return self._transform_unique(df)
-        # A join can leave a name twice, and Spark resolves columns by name (mapInArrow's
-        # own arguments too): those columns travel under positional names and get theirs
-        # back after. A name that an output replaces goes, all of its columns.
-        features = self.getFeatureColumns() or []
-        if twice & set(features):
-            raise ValueError(f"feature columns {sorted(twice & set(features))} are each in "
-                             f"the DataFrame more than once (columns: {names}): rename or "
-                             "drop the copies that are not the model's input first")
-        replaced = twice & set(self.getOutputCols() + [n for n, _ in self._ml_columns()])
-        if replaced:
-            df = df.drop(*sorted(replaced))
-        original = {f"__spark_dl_col{i}": c for i, c in enumerate(df.columns) if c in twice}
-        out = self._transform_unique(df.toDF(*[f"__spark_dl_col{i}" if c in twice else c
-                                               for i, c in enumerate(df.columns)]))
-        return out.toDF(*[original.get(c, c) for c in out.columns])
-
-    def _transform_unique(self, df):
-        from pyspark.ml.linalg import VectorUDT
-
         from spark_dl.spark.common.inference import ArrowPredict
+        from spark_dl.spark.common.schema import column_positions
         from spark_dl.spark.common.shipping import dumps_for_workers
+        from spark_dl.spark.launch.executor_python import use_driver_python_for_session
 
         features = self.getFeatureColumns()
         if not features:
             raise ValueError("feature_columns is not set")
-        from spark_dl.spark.launch.executor_python import use_driver_python_for_session
-
+        names = df.columns
+        positions = column_positions(names, features, "feature columns")
         use_driver_python_for_session(df.sparkSession)
-        specs = self._column_specs(df)
+        specs = self._column_specs(df, positions)
         predictor = self._predictor(specs)
         vector_dtype = (self.getMetadata() or {}).get("vector_dtype",
                                                       self._default_vector_dtype())
@@ -200,28 +178,23 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
         elements = [None if kind != "array" else
                     np.float64 if t.elementType == T.DoubleType() else np.float32
                     for kind, t in zip(kinds, types)]
-        key = uuid.uuid4().hex
+        predict = functools.partial(ArrowPredict, uuid.uuid4().hex, shipped, features,
+                                    vector_dtype=vector_dtype, elements=elements,
+                                    ml_kind=ml_kind, n_ml=len(ml_cols))
+        # Spark looks columns up by name, mapInArrow's own arguments too: a name that a join
+        # left twice is ambiguous, and one with a dot reads as a struct's field. So the
+        # frame travels under positional names, and the columns get theirs back at the end.
+        # A column named like an output is replaced (all of them, for a name held twice).
+        keep = [i for i, name in enumerate(names) if name not in out_cols]
+        positional = df.toDF(*[f"_{i}" for i in range(len(names))])
         # mapInArrow ships every column to Python and back, and Spark's conversions both
         # ways are most of a small model's transform (docs/benchmarks.md); an Arrow UDF,
         # where pyspark has one, ships only the features (vectors as arrays).
-        if _arrow_udf() is not None:
-            return _transform_by_arrow_udf(df, key, shipped, features, specs, vector_dtype,
-                                           out_cols, kinds, types, elements, ml_kind,
-                                           len(ml_cols))
-        fields = df.schema.fields
-        names = [f.name for f in fields]
-        keep = [i for i, f in enumerate(fields) if f.name not in out_cols]
-        out_fields = [fields[i] for i in keep]
-        for name, kind, spark_type in zip(out_cols, kinds, types):
-            out_fields.append(T.StructField(name, VectorUDT() if kind == "vector" else
-                                            spark_type, True))
-        fn = ArrowPredict(key, shipped, features, [names.index(c) for c in features], specs,
-                          vector_dtype, keep, [f.name for f in out_fields], kinds, elements,
-                          ml_kind, len(ml_cols))
-        # Positional names in: pyspark's mapInArrow looks every column up by name and
-        # reads a name holding a dot as a struct's field (ArrowPredict goes by position).
-        return df.toDF(*[f"_{i}" for i in range(len(names))]) \
-            .mapInArrow(fn, T.StructType(out_fields))
+        carrier = _transform_by_arrow_udf if _arrow_udf() is not None else \
+            _transform_by_map_in_arrow
+        out = carrier(positional, _Carry(predict, features, positions, specs, vector_dtype,
+                                         keep, kinds, types))
+        return out.toDF(*[names[i] for i in keep], *out_cols)
 
     def predict_pandas(self, pdf):
         """The model's outputs for the rows of the pandas DataFrame ``pdf``, computed in
@@ -240,14 +213,12 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
         import pandas as pd
 
         from spark_dl.spark.common.inference import ml_columns
+        from spark_dl.spark.common.schema import column_positions
 
         features = self.getFeatureColumns()
         if not features:
             raise ValueError("feature_columns is not set")
-        missing = [c for c in features if c not in pdf.columns]
-        if missing:
-            raise KeyError(f"feature columns {missing} are not in the DataFrame (columns: "
-                           f"{list(pdf.columns)})")
+        column_positions(list(pdf.columns), features, "feature columns")
         ml_cols = self._ml_columns()
         names = self.getOutputCols() + [name for name, _ in ml_cols]
         rows = len(pdf)
@@ -383,32 +354,58 @@ def _arrow_udf():
     return getattr(functions, "arrow_udf", None)
 
 
-def _transform_by_arrow_udf(df, key, shipped, features, specs, vector_dtype, out_cols, kinds,
-                            types, elements, ml_kind, n_ml):
+@dataclasses.dataclass
+class _Carry:
+    """What a carrier of ``transform`` is given besides the DataFrame, whose columns have
+    positional names (``_0``, ``_1`` ...)."""
+
+    predict: functools.partial  # ArrowPredict, given what every carrier passes alike
+    features: List[str]
+    positions: List[int]  # each feature's column
+    specs: Dict[str, dict]  # kind/dtype/shape per feature
+    vector_dtype: str
+    keep: List[int]  # the columns that pass through, in order
+    kinds: List[str]  # scalar/array/vector per output
+    types: list  # the Spark type per output
+
+
+def _transform_by_map_in_arrow(df, carry: _Carry):
+    """``transform`` through ``mapInArrow`` (pyspark 3.5): whole rows travel to Python,
+    and come back as the kept columns followed by the outputs, all under positional
+    names."""
+    from pyspark.ml.linalg import VectorUDT
+
+    fields = df.schema.fields
+    out_fields = [fields[i] for i in carry.keep]
+    for j, (kind, spark_type) in enumerate(zip(carry.kinds, carry.types)):
+        out_fields.append(T.StructField(f"_out{j}", VectorUDT() if kind == "vector" else
+                                        spark_type, True))
+    fn = carry.predict(carry.positions, carry.specs, keep=carry.keep,
+                       names=[f.name for f in out_fields], kinds=carry.kinds)
+    return df.mapInArrow(fn, T.StructType(out_fields))
+
+
+def _transform_by_arrow_udf(df, carry: _Carry):
     """``transform`` through a scalar-iterator Arrow UDF: only the feature columns travel to
     Python (vectors as arrays, through Spark's ``vector_to_array``), and the other columns
     stay in Spark, which ``mapInArrow`` would ship to Python and back (its conversions both
     ways cost a small model's transform a third more on array columns, and vector columns
-    far more: Spark builds their Arrow struct slowly)."""
+    far more: Spark builds their Arrow struct slowly). The result as
+    :func:`_transform_by_map_in_arrow`'s."""
     from pyspark.ml.functions import array_to_vector, vector_to_array
     from pyspark.sql import functions as F
 
-    from spark_dl.spark.common.inference import ArrowPredict
-    from spark_dl.spark.common.schema import _col
-
     inputs, udf_specs = [], {}
-    for col in features:
-        c = _col(col)
-        udf_specs[col] = specs[col]
-        if specs[col]["kind"] == constants.KIND_VECTOR:
-            c = vector_to_array(c, dtype=vector_dtype)
-            udf_specs[col] = dict(specs[col], kind=constants.KIND_ARRAY)
+    for col, i in zip(carry.features, carry.positions):
+        c, udf_specs[col] = F.col(f"_{i}"), carry.specs[col]
+        if udf_specs[col]["kind"] == constants.KIND_VECTOR:
+            c = vector_to_array(c, dtype=carry.vector_dtype)
+            udf_specs[col] = dict(udf_specs[col], kind=constants.KIND_ARRAY)
         inputs.append(c)
+    kinds, types = carry.kinds, carry.types
     fields = [f"_{i}" for i in range(len(kinds))]
-    fn = ArrowPredict(key, shipped, features, list(range(len(features))), udf_specs,
-                      vector_dtype, [], fields,
-                      ["vector_values" if k == "vector" else k for k in kinds], elements,
-                      ml_kind, n_ml)
+    fn = carry.predict(list(range(len(inputs))), udf_specs, keep=[], names=fields,
+                       kinds=["vector_values" if k == "vector" else k for k in kinds])
     # One output comes back as itself, several as one struct (a struct costs Spark more).
     schema = types[0] if len(types) == 1 else \
         T.StructType([T.StructField(f, t, True) for f, t in zip(fields, types)])
@@ -418,12 +415,10 @@ def _transform_by_arrow_udf(df, key, shipped, features, specs, vector_dtype, out
         warnings.filterwarnings("ignore", message=".*type hints for arrow UDF.*")
         udf = _arrow_udf()(fn.scalar_iter, schema, _scalar_iter_type())
     out = df.withColumn(_TMP_COL, udf(*inputs))
-    cols = [_col(c) for c in df.columns if c not in out_cols]
-    for i, (name, kind) in enumerate(zip(out_cols, kinds)):
+    cols = [F.col(f"_{i}") for i in carry.keep]
+    for i, kind in enumerate(kinds):
         field = F.col(f"`{_TMP_COL}`" if len(types) == 1 else f"`{_TMP_COL}`.`_{i}`")
-        if kind == "vector":
-            field = array_to_vector(field)
-        cols.append(field.alias(name))
+        cols.append(array_to_vector(field) if kind == "vector" else field)
     return out.select(*cols)
 
 

@@ -72,6 +72,27 @@ def _col(name: str):
     return F.col("`" + name.replace("`", "``") + "`")
 
 
+def column_positions(names: List[str], wanted: List[str], what: str = "columns") -> List[int]:
+    """The position in ``names`` (a DataFrame's columns) of each name in ``wanted``.
+
+    Raises:
+        ValueError: ``names`` holds a wanted name more than once (a join keeps both sides'
+            ``id``), which Spark cannot resolve.
+        KeyError: a wanted name is not in ``names``.
+    """
+    names = list(names)
+    twice = sorted({n for n in wanted if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{what} {twice} are each in the DataFrame more than once (columns: "
+                         f"{names}); rename or drop the copies that are not meant first (a "
+                         "join on a.id == b.id keeps both id columns)")
+    missing = [n for n in dict.fromkeys(wanted) if n not in names]
+    if missing:
+        raise KeyError(f"{what} {missing} are not in the DataFrame (columns: {names}); fix "
+                       "the names or add the columns")
+    return [names.index(n) for n in wanted]
+
+
 def _type_name(dt) -> str:
     return dt.simpleString()
 

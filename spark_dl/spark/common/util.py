@@ -29,7 +29,8 @@ from spark_dl.spark.common.metadata import load_metadata
 from spark_dl.spark.common.parquet_writer import (SPLIT_COLUMN, PartitionWriter,
                                                   sparse_columns, summary_schema)
 from spark_dl.spark.common.schema import (DataStats, _col, check_stats, check_vector_stats,
-                                          classify, vector_stats_fn, vector_stats_schema)
+                                          classify, column_positions, vector_stats_fn,
+                                          vector_stats_schema)
 from spark_dl.spark.common.store import Store
 
 #: The cache prepare_data uses unless given another (one per driver process).
@@ -129,15 +130,7 @@ def prepare_data(num_processes: int, store: Store, df,
     fields = {f.name: f.dataType for f in schema}
     names = [f.name for f in schema]
     requested = columns + ([val_col] if val_col else [])
-    twice = sorted({n for n in requested if names.count(n) > 1})
-    if twice:
-        raise ValueError(f"columns {twice} are each in the DataFrame more than once (columns: "
-                         f"{names}); rename or drop the copies that are not meant first (a "
-                         "join on a.id == b.id keeps both id columns)")
-    for name in requested:
-        if name not in fields:
-            raise KeyError(f"column {name!r} is not in the DataFrame (columns: "
-                           f"{list(fields)}); fix the name or add the column")
+    column_positions(names, requested)  # each requested name, once
     infos = {name: classify(name, fields[name], vector_dtype) for name in columns}
     if sample_weight_col and infos[sample_weight_col].kind != constants.KIND_SCALAR:
         raise TypeError(f"sample_weight_col {sample_weight_col!r} must be a numeric column, "
