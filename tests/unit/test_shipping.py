@@ -66,6 +66,21 @@ def test_the_users_module_is_judged_missing_and_installed_ones_are_not(user_modu
         assert not shipping.executors_lack(installed), installed
 
 
+def test_a_package_from_a_site_packages_folder_elsewhere_is_installed(tmp_path, monkeypatch):
+    # Cluster and notebook libraries live in site-packages folders that a .pth line
+    # (``import site; site.addsitedir(...)``) or the platform puts on sys.path.
+    site_dir = tmp_path / "libs" / "lib" / "python3" / "site-packages"
+    name = f"sdl_cluster_lib_{os.getpid()}"
+    (site_dir / name).mkdir(parents=True)
+    (site_dir / name / "__init__.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(site_dir))
+    try:
+        __import__(name)
+        assert not shipping.executors_lack(name)
+    finally:
+        sys.modules.pop(name, None)
+
+
 def test_a_class_from_the_users_module_loads_where_the_module_is_missing(user_module,
                                                                         tmp_path):
     net = user_module.Net(bias=1)

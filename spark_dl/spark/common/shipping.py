@@ -12,9 +12,12 @@ refers to, and pickles again with those the executors lack registered by value
 
 Which modules the executors lack is decided here, without asking them: a module is
 shipped when its top-level package was imported from a folder that is not part of the
-Python installation (not under ``sys.prefix`` / ``sys.base_prefix``, not a site-packages
-folder or a folder a ``.pth`` file there adds, not found by an installed import hook such
-as an editable install's). Those are the script's folder, the working directory,
+Python installation (not under ``sys.prefix`` / ``sys.base_prefix``, not in a folder named
+``site-packages`` or ``dist-packages`` wherever it is, nor a folder a ``.pth`` file in one
+adds, not found by an installed import hook such as an editable install's). A
+``site-packages`` folder outside the installation is one that some set-up put on the path
+(a cluster's or notebook's libraries, ``site.addsitedir``): what is there was installed,
+and clusters install it on every node. Those are the script's folder, the working directory,
 ``PYTHONPATH`` and ``sys.path`` entries the program added: things a cluster's executors do
 not have. On a local master the executors may still import some of them (the working
 directory); shipping those too only costs their pickled size.
@@ -111,9 +114,18 @@ def _install_dirs() -> FrozenSet[str]:
     return frozenset(os.path.realpath(r) for r in roots)
 
 
+_PACKAGE_DIRS = ("site-packages", "dist-packages")
+
+
 def _under(path: str, roots) -> bool:
     path = os.path.realpath(path)
     return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def _installed_at(path: str) -> bool:
+    """Whether ``path`` is part of a Python installation (see the module doc)."""
+    parts = os.path.realpath(path).split(os.sep)
+    return any(p in _PACKAGE_DIRS for p in parts) or _under(path, _install_dirs())
 
 
 def _found_by_import_hook(name: str) -> bool:
@@ -150,7 +162,7 @@ def executors_lack(module_name: str) -> bool:
         places = [os.path.dirname(spec.origin)]
     else:
         return False  # built-in, frozen, or made at run time: nothing to judge by
-    if any(_under(p, _install_dirs()) for p in places):
+    if any(_installed_at(p) for p in places):
         return False
     return not _found_by_import_hook(top)
 
