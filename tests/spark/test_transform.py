@@ -98,8 +98,8 @@ def test_arrow_transform_names_bad_rows(spark):
               r"feature column 'x' holds arrays of different lengths \[3, 4\]"),
              ([[1.0, 2.0, 3.0, 4.0], None], "array<double>", "feature column 'x' has null"),
              ([[1.0, 2.0, 3.0]], "array<double>",
-              r"feature column 'x' has rows of shape \[3\]; the model was trained on rows "
-              r"of shape \[4\]")]
+              r"feature column 'x' has rows of shape \[3\]; the model takes rows of "
+              r"shape \[4\]")]
     for rows, dtype, match in cases:
         bad = spark.createDataFrame([(r,) for r in rows], f"x {dtype}").coalesce(1)
         with pytest.raises(Exception, match=match):

@@ -342,7 +342,7 @@ def _pandas_feature(col: str, values, spec, vector_dtype: str):
     widths = {len(c) for c in cells}
     if widths - {width}:
         raise ValueError(f"feature column {col!r} has rows of {sorted(widths)[:5]} values; "
-                         f"the model was trained on rows of shape {spec['shape']}")
+                         f"the model takes rows of shape {spec['shape']}")
     flat = np.stack(cells).astype(dtype, copy=False) if cells else np.zeros((0, width), dtype)
     return spec, flat.reshape([len(cells)] + shape)
 
