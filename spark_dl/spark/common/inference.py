@@ -27,9 +27,9 @@ def _shape_error(col: str, widths: np.ndarray, spec: dict) -> ValueError:
     found = sorted(set(int(w) for w in widths))
     if len(found) > 1:
         return ValueError(f"feature column {col!r} holds arrays of different lengths "
-                          f"{found[:5]}; the model was trained on {spec['shape']}")
-    return ValueError(f"feature column {col!r} has rows of shape {found}; the model was "
-                      f"trained on rows of shape {spec['shape']}")
+                          f"{found[:5]}; the model takes rows of shape {spec['shape']}")
+    return ValueError(f"feature column {col!r} has rows of shape {found}; the model takes "
+                      f"rows of shape {spec['shape']}")
 
 
 def _list_values(col: str, arr, width: int, spec: dict) -> np.ndarray:
