@@ -110,3 +110,5 @@ def test_column_positions_find_each_name_once():
     with pytest.raises(KeyError, match=r"feature columns \['a', 'b'\] are not in the "
                                        "DataFrame"):
         column_positions(names, ["a", "z", "b", "a"], "feature columns")
+    with pytest.raises(KeyError, match="case too: did you mean 'id' for 'ID', 'z' for 'Z'"):
+        column_positions(["id", "z"], ["ID", "Z"])

@@ -88,8 +88,13 @@ def column_positions(names: List[str], wanted: List[str], what: str = "columns")
                          "join on a.id == b.id keeps both id columns)")
     missing = [n for n in dict.fromkeys(wanted) if n not in names]
     if missing:
+        folded = {str(n).lower(): n for n in names}
+        close = [f"{folded[str(n).lower()]!r} for {n!r}" for n in missing
+                 if str(n).lower() in folded]
+        hint = f" (names match exactly, case too: did you mean {', '.join(close)}?)" \
+            if close else ""
         raise KeyError(f"{what} {missing} are not in the DataFrame (columns: {names}); fix "
-                       "the names or add the columns")
+                       f"the names or add the columns{hint}")
     return [names.index(n) for n in wanted]
 
 
