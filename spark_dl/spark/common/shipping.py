@@ -14,13 +14,13 @@ Which modules the executors lack is decided here, without asking them: a module 
 shipped when its top-level package was imported from a folder that is not part of the
 Python installation (not under ``sys.prefix`` / ``sys.base_prefix``, not in a folder named
 ``site-packages`` or ``dist-packages`` wherever it is, nor a folder a ``.pth`` file in one
-adds, not found by an installed import hook such as an editable install's). A
-``site-packages`` folder outside the installation is one that some set-up put on the path
-(a cluster's or notebook's libraries, ``site.addsitedir``): what is there was installed,
-and clusters install it on every node. Those are the script's folder, the working directory,
-``PYTHONPATH`` and ``sys.path`` entries the program added: things a cluster's executors do
-not have. On a local master the executors may still import some of them (the working
-directory); shipping those too only costs their pickled size.
+adds, not found by an installed import hook such as an editable install's). Those are the
+script's folder, the working directory, ``PYTHONPATH`` and ``sys.path`` entries the
+program added: things a cluster's executors do not have. On a local master the executors
+may still import some of them (the working directory); shipping those too only costs their
+pickled size. A ``site-packages`` folder outside the installation is one that some set-up
+put on the path (a cluster's or notebook's libraries, ``site.addsitedir``): what is there
+was installed, and clusters install it on every node.
 
 A module that cannot be pickled by value (a function of it uses an unpicklable module
 global) keeps travelling by reference, with a one-line note naming it.
