@@ -243,7 +243,7 @@ def test_lightning_predictor_on_a_cpu_executor(lightning_predictor, monkeypatch)
         warnings.simplefilter("error", GpuFallbackWarning)
         assert p.device() == torch.device("cpu")
         got = p.predict({"x": x})[0]
-    np.testing.assert_allclose(got, p.module(torch.from_numpy(x)).detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(got, p.model(torch.from_numpy(x)).detach().numpy(), rtol=1e-6)
     in_task(monkeypatch, 0, ["0"])
     with pytest.raises(GpuNotVisibleError, match="Spark assigned GPU"):
         p.predict({"x": x})

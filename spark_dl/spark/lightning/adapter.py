@@ -42,9 +42,10 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from spark_dl.spark.common.adapter import Predictor, WorkerAdapter
-from spark_dl.spark.launch.task.devices import choose_gpu, choose_transform_gpu
+from spark_dl.spark.common.adapter import WorkerAdapter
+from spark_dl.spark.launch.task.devices import choose_gpu
 from spark_dl.spark.lightning import util
+from spark_dl.spark.torch.adapter import TorchPredictor, cuda_device_count
 from spark_dl.torch import _device as tensor_device
 
 __all__ = ["LightningSpec", "LightningWorker", "LightningPredictor", "CHECKPOINT_FORMAT",
@@ -212,8 +213,7 @@ def _device(use_gpu: bool, local_rank: int, rank: int) -> torch.device:
     estimator applies it (rank 0 alone warns of a fallback to the CPU). The strategy's
     ``root_device`` makes the same choice (local rank modulo the visible GPUs: with Spark's
     GPU pinned by CUDA_VISIBLE_DEVICES, index 0)."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    index = choose_gpu(use_gpu, local_rank, count, warn=rank == 0)
+    index = choose_gpu(use_gpu, local_rank, cuda_device_count(), warn=rank == 0)
     if index is None:
         return torch.device("cpu")
     device = torch.device("cuda", index)
@@ -474,73 +474,17 @@ class LightningWorker(WorkerAdapter):
         return self._step(batch, "val")
 
 
-class LightningPredictor(Predictor):
-    """A LightningModule's ``forward`` in eval mode, without gradients, ``batch_size`` rows
-    at a time; features converted as in training (:func:`~.util.to_batch`).
+class LightningPredictor(TorchPredictor):
+    """A LightningModule's ``forward``, applied as :class:`TorchPredictor` applies a module
+    (eval mode, ``torch.inference_mode`` as Lightning's own ``Trainer.predict``, the GPU
+    rule), with the features converted as in Lightning training (:func:`~.util.to_batch`:
+    only floating columns take the module's dtype, so integer features stay integers)."""
 
-    With ``use_gpu`` it predicts on a GPU on the executors (never on the driver, whose
-    two-row dry run only reads the output shapes): the GPU Spark assigned to the task, else
-    the task's partition index modulo the executor's GPUs, by the rule of
-    :func:`~spark_dl.spark.launch.task.devices.choose_gpu` (as ``TorchModel`` does); on
-    hosts without CUDA it stays on the CPU, silently.
-    """
+    @staticmethod
+    def _dtype(model: torch.nn.Module) -> torch.dtype:
+        return util.module_dtype(model)
 
-    def __init__(self, module, feature_cols, input_shapes, batch_size: int,
-                 use_gpu: bool = False):
-        self.module = module
-        self.feature_cols = list(feature_cols)
-        self.input_shapes = input_shapes
-        self.batch_size = batch_size
-        self.use_gpu = use_gpu
-        self.on_executor = False  # set by prepare(), which only the executors call
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["on_executor"] = False
-        return state
-
-    def prepare(self) -> None:
-        self.module.eval()
-        self.on_executor = True
-
-    def device(self) -> torch.device:
-        """Where this call predicts (asked per call: the task's GPU may differ between the
-        tasks that one Python worker runs).
-
-        Raises:
-            GpuNotVisibleError: Spark assigned the task a GPU that this process cannot see.
-        """
-        if not (self.use_gpu and self.on_executor):
-            return torch.device("cpu")
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        index = choose_transform_gpu(True, count)
-        if index is None:
-            return torch.device("cpu")
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-
-    def predict(self, arrays):
-        device = self.device()
-        module = self.module
-        if self.on_executor:
-            module.to(device)  # the executor's own copy: a no-op once it is there
-        modes = [(m, m.training) for m in module.modules()]
-        module.eval()
-        dtype = util.module_dtype(module)
-        n = len(next(iter(arrays.values())))
-        outs: List[List[np.ndarray]] = []
-        try:
-            with torch.no_grad():
-                for start in range(0, n, self.batch_size):
-                    part = {c: arrays[c][start:start + self.batch_size] for c in self.feature_cols}
-                    batch = util.to_batch(part, self.feature_cols, self.input_shapes, dtype)
-                    inputs = util.feature_inputs(batch, self.feature_cols)
-                    if device.type != "cpu":
-                        inputs = [t.to(device) for t in inputs]
-                    result = module(*inputs)
-                    results = list(result) if isinstance(result, (list, tuple)) else [result]
-                    outs.append([tensor_device.host_array(r) for r in results])
-        finally:
-            for m, mode in modes:
-                m.training = mode
-        return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+    def inputs(self, chunk, device):
+        batch = util.to_batch(chunk, self.feature_cols, self.input_shapes, self.dtype)
+        inputs = util.feature_inputs(batch, self.feature_cols)
+        return inputs if device is None else [t.to(device, non_blocking=True) for t in inputs]

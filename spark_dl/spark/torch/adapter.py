@@ -286,14 +286,18 @@ class TorchWorker(WorkerAdapter):
 
 
 class TorchPredictor(Predictor):
-    """A ``torch.nn.Module`` applied in eval mode, without gradients, ``batch_size`` rows at
-    a time (see :func:`spark_dl.spark.torch.util.predict`).
+    """A ``torch.nn.Module`` applied in eval mode, under ``torch.inference_mode``,
+    ``batch_size`` rows at a time, features converted as in training (see
+    :func:`spark_dl.spark.torch.util.predict`).
 
     With ``use_gpu`` it predicts on a GPU on the executors (never on the driver, whose
     two-row dry run only reads the output shapes): the GPU Spark assigned to the task,
     else the task's partition index modulo the executor's GPUs, by the rule of
     :func:`~spark_dl.spark.launch.task.devices.choose_gpu`; on hosts without CUDA it stays
     on the CPU, silently (transform has no worker to warn from once).
+
+    Subclasses change how a slice of the feature columns becomes the model's arguments
+    (:meth:`inputs`), as ``LightningPredictor`` does.
     """
 
     def __init__(self, model: torch.nn.Module, feature_cols, input_shapes, batch_size: int,
@@ -302,7 +306,7 @@ class TorchPredictor(Predictor):
         self.feature_cols = list(feature_cols)
         self.input_shapes = input_shapes
         self.batch_size = batch_size
-        self.dtype = util.model_dtype(model)
+        self.dtype = self._dtype(model)
         self.use_gpu = use_gpu
         self.on_executor = False  # set by prepare(), which only the executors call
 
@@ -311,13 +315,22 @@ class TorchPredictor(Predictor):
         state["on_executor"] = False
         return state
 
+    @staticmethod
+    def _dtype(model: torch.nn.Module) -> torch.dtype:
+        """The dtype floating features are cast to."""
+        return util.model_dtype(model)
+
     def prepare(self) -> None:
         self.model.eval()
         self.on_executor = True
 
     def device(self) -> torch.device:
         """Where this call predicts (the task's GPU may differ between the tasks that one
-        Python worker runs, so it is asked per call)."""
+        Python worker runs, so it is asked per call).
+
+        Raises:
+            GpuNotVisibleError: Spark assigned the task a GPU that this process cannot see.
+        """
         if not (self.use_gpu and self.on_executor):
             return torch.device("cpu")
         index = choose_transform_gpu(True, cuda_device_count())
@@ -326,16 +339,22 @@ class TorchPredictor(Predictor):
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
 
+    def inputs(self, chunk: Dict[str, np.ndarray], device) -> List[torch.Tensor]:
+        """The model's arguments for a slice of the feature columns, on ``device`` (None:
+        the CPU)."""
+        return util.feature_tensors(chunk, self.feature_cols, self.input_shapes, self.dtype,
+                                    device)
+
     def predict(self, arrays):
         device = self.device()
         if self.on_executor:
             self.model.to(device)  # the executor's own copy: a no-op once it is there
+        on = None if device.type == "cpu" else device
         modes = [(m, m.training) for m in self.model.modules()]
         self.model.eval()
         try:
-            return util.predict(self.model, arrays, self.feature_cols, self.input_shapes,
-                                self.dtype, self.batch_size,
-                                device=None if device.type == "cpu" else device)
+            return util.predict(self.model, arrays, self.feature_cols,
+                                lambda chunk: self.inputs(chunk, on), self.batch_size)
         finally:
             for m, mode in modes:
                 m.training = mode

@@ -18,7 +18,7 @@ wider output is a class index and becomes int64 (Spark's ``StringIndexer`` yield
 """
 
 import copy
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -304,17 +304,18 @@ def prediction_kind(losses: Sequence) -> Optional[str]:
 
 
 def predict(model: torch.nn.Module, arrays: Dict[str, np.ndarray], feature_cols: Sequence[str],
-            input_shapes: Sequence[Sequence[int]], dtype: torch.dtype, batch_size: int,
-            device=None) -> List[np.ndarray]:
-    """Applies ``model`` (in eval mode, without gradients) to rows given as NumPy arrays
-    (column -> ``(rows, ...)``), ``batch_size`` rows at a time. Returns one ``(rows, ...)``
-    array per output."""
+            inputs: Callable[[Dict[str, np.ndarray]], List[torch.Tensor]],
+            batch_size: int) -> List[np.ndarray]:
+    """Applies ``model`` (without gradients) to rows given as NumPy arrays (column ->
+    ``(rows, ...)``), ``batch_size`` rows at a time; ``inputs`` turns a slice of the
+    feature columns into the model's arguments. Returns one ``(rows, ...)`` array per
+    output."""
     rows = len(next(iter(arrays.values())))
     parts: List[List[np.ndarray]] = []
     with torch.inference_mode():
         for start in range(0, rows, batch_size):
             chunk = {c: arrays[c][start:start + batch_size] for c in feature_cols}
-            outputs = model(*feature_tensors(chunk, feature_cols, input_shapes, dtype, device))
+            outputs = model(*inputs(chunk))
             if isinstance(outputs, torch.Tensor):
                 outputs = [outputs]
             if not parts:
