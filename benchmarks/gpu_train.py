@@ -69,19 +69,17 @@ import json
 import os
 import posixpath
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 import traceback
 
+from gpu_train_jobs import MARK, run_tasks
 from gpu_train_report import (FRAMEWORKS, SHARED_PEERS, STEP_PEERS, report_estimator,
                               report_shared, report_step)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MARK = "SDL_GPU_TRAIN "
 PARTS = ("estimator", "step", "shared_gpu")
 SHARED_WORKLOADS = ("small", "large")
 PARKED_CYCLE_MS = 1000.0
@@ -631,72 +629,6 @@ def worker(args):
             print(MARK + json.dumps({"task": task, "result": result}), flush=True)
 
 
-# ----------------------------------------------------------------------------- driver side
-
-def _run_job(cmd, env, deadline):
-    """Runs one job in its own process group, killed whole at the deadline; returns
-    ({task: rank 0's result}, why it failed or None)."""
-    left = deadline - time.monotonic()
-    if left < 5:
-        return {}, "no time left (--timeout)"
-    cmd = cmd + ["--dump-at", f"{time.time() + left - 3:.0f}"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    why = None
-    try:
-        out, err = proc.communicate(timeout=left)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # sdlrun stops its workers (SIGTERM, SIGKILL after a grace period)
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # its workers' watchdog then ends them
-            out, err = proc.communicate()
-        why = "timed out (--timeout)"
-    got = {}
-    for line in out.splitlines():
-        if MARK in line:
-            item = json.loads(line.split(MARK, 1)[1])
-            got[item["task"]] = item["result"]
-    if why is None and proc.returncode != 0:
-        why = f"the job failed (exit {proc.returncode}; its output is above)"
-    if why is not None:
-        sys.stderr.write(out[-6000:] + err[-20000:])
-    return got, why
-
-
-def _run_tasks(args, tasks, np_, deadline):
-    """Runs ``tasks`` in one ``sdlrun -np np_`` job; after a failure the tasks not yet done
-    run in a new job, without the one that failed. Returns (results, failures)."""
-    env = dict(os.environ)
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    results, failures, pending = {}, {}, list(tasks)
-    while pending:
-        cmd = [sys.executable, "-m", "spark_dl.runner", "-np", str(np_), sys.executable,
-               os.path.abspath(__file__), "--worker", "--tasks", ",".join(pending),
-               "--device", args.device]
-        for key in ("iters", "warmup", "rounds", "epochs", "batch_size", "width", "small_count",
-                    "large_mib", "collective_timeout", "store", "idx"):
-            value = getattr(args, key)
-            if value is not None:
-                cmd += [f"--{key.replace('_', '-')}", str(value)]
-        t0 = time.monotonic()
-        got, why = _run_job(cmd, env, deadline)
-        print(f"  job of {len(pending)} task(s), {np_} rank(s): {time.monotonic() - t0:.0f} s",
-              flush=True)
-        for task in pending:
-            if task in got:
-                print(f"  {task}: done in {got[task]['seconds']:.0f} s", flush=True)
-        results.update(got)
-        pending = [t for t in pending if t not in got]
-        if pending:
-            failures[pending[0]] = why or "the job ended without its result"
-            print(f"  {pending[0]}: FAILED: {failures[pending[0]]}", flush=True)
-            pending = pending[1:]
-    return results, failures
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -759,7 +691,7 @@ def main():
             args.store = os.path.join(tmp, "store")
             args.idx = _write_dataset(args.store, args.rows)
         for n, group in groups.items():
-            got, failed = _run_tasks(args, group, n, deadline)
+            got, failed = run_tasks(os.path.abspath(__file__), args, group, n, deadline)
             results.update(got)
             failures.update(failed)
     finally:
