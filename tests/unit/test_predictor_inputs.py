@@ -67,3 +67,39 @@ def test_lightning_training_batches_share_the_loaders_arrays():
     batch = util.to_batch({"x": x, "y": np.zeros(2)}, ["x"], [[-1, 3]], torch.float32)
     assert batch["x"].data_ptr() == x.__array_interface__["data"][0]  # no copy
     assert batch["y"].dtype == torch.float32  # floating columns take the module's dtype
+
+
+def test_integer_features_stay_integers_for_lightning_and_take_the_dtype_for_torch():
+    """Lightning's training batches keep integer columns (indices for an embedding), and
+    transform converts as training does; TorchModel casts every feature to the model's
+    dtype, in fit and transform alike."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from spark_dl.spark.lightning.adapter import LightningPredictor
+    from spark_dl.spark.torch.adapter import TorchPredictor
+
+    class Embed(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Embedding(5, 2)
+
+        def forward(self, ids):
+            return self.table(ids.reshape(-1))
+
+    seen = []
+
+    class Dtypes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1, dtype=torch.float64))
+
+        def forward(self, x):
+            seen.append(x.dtype)
+            return x * self.w
+
+    ids = np.array([[0], [3], [4]], dtype=np.int64)
+    module = Embed()
+    (out,) = LightningPredictor(module, ["ids"], [[-1, 1]], 2).predict({"ids": ids})
+    np.testing.assert_array_equal(out, module.table.weight.detach().numpy()[[0, 3, 4]])
+    (out,) = TorchPredictor(Dtypes(), ["x"], [[-1, 1]], 2).predict({"x": ids})
+    assert seen == [torch.float64, torch.float64] and out.dtype == np.float64
+    np.testing.assert_array_equal(out, ids.astype(np.float64))
