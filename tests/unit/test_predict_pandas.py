@@ -70,3 +70,38 @@ def test_bad_input_is_named():
         model.predict_pandas(pd.DataFrame({"x": [[1.0, 2.0, 3.0], None]}))
     with pytest.raises(ValueError, match=r"feature column 'x' has rows of \[2, 3\] values"):
         model.predict_pandas(pd.DataFrame({"x": [[1.0, 2.0, 3.0], [1.0, 2.0]]}))
+
+
+class _Reduces(torch.nn.Module):
+    def forward(self, x):
+        return x.mean()
+
+
+class _Transposes(torch.nn.Module):
+    def forward(self, x):
+        return x.t()
+
+
+class _Squeezes(torch.nn.Module):
+    def forward(self, x):
+        return x.sum(dim=1, keepdim=True).squeeze()  # () for a batch of one row
+
+
+@pytest.mark.parametrize("net,shape", [(_Reduces(), r"\[\]"), (_Transposes(), r"\[3, 2\]")])
+def test_outputs_without_one_row_per_input_row_are_refused(net, shape):
+    """A transposed output reshaped into rows would mix the values of different rows; a
+    batch-reduced one would fail inside Spark's tasks. Both are named before any work."""
+    model = TorchModel(model=net, feature_columns=["x"], output_cols=["out"],
+                       input_shapes=[[-1, 3]], use_gpu=False)
+    pdf = pd.DataFrame({"x": [np.arange(3.0)] * 5})
+    with pytest.raises(ValueError, match=rf"output 0 has shape {shape} for a batch of 2 rows"):
+        model.predict_pandas(pdf)
+
+
+def test_a_squeezed_output_of_one_row_is_that_row():
+    model = TorchModel(model=_Squeezes(), feature_columns=["x"], output_cols=["out"],
+                       input_shapes=[[-1, 3]], use_gpu=False)
+    for rows in (1, 4):
+        pdf = pd.DataFrame({"x": [np.arange(3.0) + i for i in range(rows)]})
+        out = model.predict_pandas(pdf)
+        np.testing.assert_allclose(out["out"], [3.0 + 3 * i for i in range(rows)])

@@ -20,7 +20,7 @@ import numpy as np
 
 from spark_dl.spark.common import constants
 
-__all__ = ["ArrowPredict", "feature_array", "output_array"]
+__all__ = ["ArrowPredict", "feature_array", "output_array", "check_output_rows"]
 
 
 def _shape_error(col: str, widths: np.ndarray, spec: dict) -> ValueError:
@@ -101,6 +101,27 @@ def feature_array(col: str, arr, spec: dict, vector_dtype: str) -> np.ndarray:
     return values.reshape([len(arr)] + shape)
 
 
+def check_output_rows(outputs: Sequence, rows: int) -> List[np.ndarray]:
+    """The model's ``outputs`` as NumPy arrays, each checked to hold one row per input row
+    (its first dimension the batch's): an output of another shape would otherwise be
+    reshaped into rows that mix values of different rows, or fail in Spark's task.
+
+    Raises:
+        ValueError: an output whose first dimension is not ``rows``.
+    """
+    arrays = [np.asarray(out) for out in outputs]
+    if rows == 1:
+        return arrays  # any shape is one row's (``squeeze()`` drops a batch of one)
+    for i, out in enumerate(arrays):
+        if out.ndim == 0 or out.shape[0] != rows:
+            raise ValueError(
+                f"the model's output {i} has shape {list(out.shape)} for a batch of {rows} "
+                "rows: transform needs one output row per input row, so the first dimension "
+                "of every output is the batch (a model that reduces over the batch or "
+                "transposes its result cannot be applied row by row)")
+    return arrays
+
+
 def output_array(out: np.ndarray, kind: str, element, rows: int):
     """One model output ``(rows, ...)`` as the Arrow array of its Spark column: ``scalar``
     -> double, ``array`` -> list of ``element`` (float32 or float64) flattened per row,
@@ -159,7 +180,7 @@ class ArrowPredict:
         """The model's output columns (Arrow arrays) for the feature ``columns``."""
         arrays = {c: feature_array(c, a, self.specs[c], self.vector_dtype)
                   for c, a in zip(self.features, columns)}
-        outputs = list(predictor.predict(arrays))
+        outputs = check_output_rows(predictor.predict(arrays), rows)
         if self.ml_kind is not None:
             outputs += ml_columns(self.ml_kind, np.asarray(outputs[0]))[:self.n_ml]
         return [output_array(out, kind, element, rows)

@@ -212,7 +212,7 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
         """
         import pandas as pd
 
-        from spark_dl.spark.common.inference import ml_columns
+        from spark_dl.spark.common.inference import check_output_rows, ml_columns
         from spark_dl.spark.common.schema import column_positions
 
         features = self.getFeatureColumns()
@@ -234,7 +234,7 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
         predictor = self._predictor(specs)
         kinds, _ = self._output_types(predictor, specs, len(self.getOutputCols()))
         kinds += [kind for _, kind in ml_cols]
-        outputs = list(predictor.predict(arrays))
+        outputs = check_output_rows(predictor.predict(arrays), rows)
         if ml_cols:
             outputs += ml_columns(self.getPredictionKind(), np.asarray(outputs[0]))
         columns = {}
@@ -268,6 +268,7 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
     def _output_types(self, predictor, specs, n_cols):
         """(kind per output: scalar/array/vector, Spark type per output), from a prediction
         on two rows of zeros."""
+        from spark_dl.spark.common.inference import check_output_rows
 
         zeros = {c: np.zeros([2] + list(s["shape"]), dtype=s["dtype"]) for c, s in specs.items()}
         try:
@@ -276,6 +277,7 @@ class ModelBase(ModelParamsAccessors, TableParams, Model, PersistableParams):
             raise ValueError(f"the model cannot be applied to inputs of shapes "
                              f"{[[2] + list(s['shape']) for s in specs.values()]}: "
                              f"{type(e).__name__}: {e}") from e
+        outputs = check_output_rows(outputs, 2)
         kind = self.getPredictionKind()
         if kind is not None:
             first = np.asarray(outputs[0])
