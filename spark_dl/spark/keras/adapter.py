@@ -16,6 +16,7 @@ TensorFlow or PyTorch.
 import dataclasses
 import io
 import json
+import logging
 import os
 import threading
 from typing import Any, Dict, List, Optional
@@ -389,6 +390,31 @@ class _StoreSyncedCheckpoint:
         self._output.__exit__(None, None, None)
 
 
+class _PredictRetracing(logging.Filter):
+    """Drops TensorFlow's warning "N out of the last N calls to <... make_predict_function
+    ...> triggered tf.function retracing". ``transform`` loads the model anew in each
+    Python worker for each transform (and on the driver for its dry run), and pads the
+    last batches to powers of two, so Keras's predict function is traced once per model
+    and batch shape by design; after five transforms in one process the warning appeared
+    every time, with advice meant for a program that builds functions in a loop. Only
+    Keras's predict function is concerned: the user's own functions still warn."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("triggered tf.function retracing" in message
+                    and "make_predict_function" in message)
+
+
+_PREDICT_RETRACING = _PredictRetracing()
+
+
+def quiet_predict_retracing() -> None:
+    """Installs :class:`_PredictRetracing` on TensorFlow's logger (once per process)."""
+    logger = logging.getLogger("tensorflow")
+    if _PREDICT_RETRACING not in logger.filters:
+        logger.addFilter(_PREDICT_RETRACING)
+
+
 class KerasPredictor(Predictor):
     """A Keras model from ``.keras`` bytes, applied ``batch_size`` rows at a time.
 
@@ -449,6 +475,7 @@ class KerasPredictor(Predictor):
     def predict(self, arrays):
         import keras
 
+        quiet_predict_retracing()
         device = self.device_name()
         self._load(device)
         with keras.device(device):
