@@ -601,7 +601,9 @@ def _other_optimizer():
 
 @pytest.mark.filterwarnings("ignore:Using a target size")
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({"feature_cols": ["nope"]}, KeyError, r"columns \[.nope.\] are not in the DataFrame"),
+    ({"feature_cols": ["nope"]}, KeyError,
+     r"feature columns \[.nope.\] are not in the DataFrame"),
+    ({"validation": "nope"}, KeyError, r"validation columns \[.nope.\] are not in the"),
     ({"label_cols": ["name"]}, TypeError, "column 'name' has unsupported type string"),
     ({"feature_cols": None}, ValueError, "feature_cols is not set"),
     ({"label_cols": ["y", "features"]}, ValueError, "appear in more than one"),

@@ -129,8 +129,12 @@ def prepare_data(num_processes: int, store: Store, df,
     schema = df.schema.fields
     fields = {f.name: f.dataType for f in schema}
     names = [f.name for f in schema]
-    requested = columns + ([val_col] if val_col else [])
-    column_positions(names, requested)  # each requested name, once
+    # Each requested name once, the error naming the argument it came from.
+    for what, wanted in (("feature columns", features), ("label columns", labels),
+                         ("sample weight columns", [sample_weight_col] if sample_weight_col
+                          else []),
+                         ("validation columns", [val_col] if val_col else [])):
+        column_positions(names, wanted, what)
     infos = {name: classify(name, fields[name], vector_dtype) for name in columns}
     if sample_weight_col and infos[sample_weight_col].kind != constants.KIND_SCALAR:
         raise TypeError(f"sample_weight_col {sample_weight_col!r} must be a numeric column, "
