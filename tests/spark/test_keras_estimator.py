@@ -360,6 +360,12 @@ def test_bad_inputs_fail_before_training(spark, store, df):
     # An input shape the column does not fit.
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     _fails(estimator(store, model=model), df, r"(?s)cannot be evaluated.*model inputs")
-    _fails(estimator(store, optimizer="adam"), df, "Keras optimizer", TypeError)
+    _fails(estimator(store, optimizer=3), df, "Keras optimizer", TypeError)
+    _fails(estimator(store, optimizer="adamm"), df, "'adamm' is not a Keras optimizer")
+    # A name or a config, as model.compile takes them.
+    assert isinstance(estimator(store, optimizer="adam")._optimizer(), keras.optimizers.Adam)
+    config = {"class_name": "SGD", "config": {"learning_rate": 0.5}}
+    sgd = estimator(store, optimizer=config)._optimizer()
+    assert isinstance(sgd, keras.optimizers.SGD) and float(sgd.learning_rate) == 0.5
     unbuilt = keras.Sequential([keras.layers.Dense(1)])
     _fails(estimator(store, model=unbuilt), df, "build it before fit")

@@ -74,7 +74,15 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
     # ------------------------------------------------------------------ checks
 
     def _optimizer(self):
-        return self.getOptimizer() or getattr(self.getModel(), "optimizer", None)
+        optimizer = self.getOptimizer() or getattr(self.getModel(), "optimizer", None)
+        if isinstance(optimizer, (str, dict)):  # a name or a config, as model.compile takes
+            try:
+                return _keras().optimizers.get(optimizer)
+            except ValueError as e:
+                raise ValueError(f"optimizer {optimizer!r} is not a Keras optimizer: {e} (a "
+                                 "name such as 'adam' or 'sgd', or an optimizer object such "
+                                 "as keras.optimizers.Adam(1e-3))") from None
+        return optimizer
 
     def _check_params_more(self) -> None:
         keras = _keras()
@@ -86,7 +94,8 @@ class KerasEstimator(KerasEstimatorParamsAccessors, EstimatorBase):
         optimizer = self._optimizer()
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise TypeError(
-                f"optimizer must be a Keras optimizer, e.g. keras.optimizers.Adam(1e-3), got "
+                f"optimizer must be a Keras optimizer, e.g. 'adam' or "
+                f"keras.optimizers.Adam(1e-3), got "
                 f"{type(optimizer).__name__ if optimizer is not None else 'nothing'} (or "
                 "compile the model with one)")
         if self.getLoss() is None and not getattr(model, "compiled", False):
