@@ -319,7 +319,13 @@ def test_bad_inputs_raise_and_leave_nothing(spark, store, cache):
         (ok.select("y", "x", "x"), {}, ValueError,  # a join on a.x == b.x keeps both
          r"columns \['x'\] are each in the DataFrame more than once"),
         (ok.withColumn("w", F.array(F.lit(1.0))), dict(sample_weight_col="w"), TypeError,
-         "'w' must be a numeric"),
+         "'w' must be a numeric column, not array<double>"),
+        # Not a feature's advice (StringIndexer) for a weight or a validation flag.
+        (ok.withColumn("w", F.lit("a")), dict(sample_weight_col="w"), TypeError,
+         "'w' must be a numeric column, not string$"),
+        (ok.withColumn("v", F.lit("yes")), dict(validation="v"), TypeError,
+         r"validation column 'v' must be boolean or numeric \(true/non-zero = validation "
+         r"row\), not string$"),
     ]
     for df, kw, exc, match in cases:
         args = dict(label_columns=["y"], feature_columns=["x"])

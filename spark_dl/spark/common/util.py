@@ -58,6 +58,15 @@ def _log(verbose: int, msg: str) -> None:
         print(f"[spark_dl.prepare_data] {msg}", flush=True)
 
 
+def _scalar_kind(name: str, dt, vector_dtype: str):
+    """The ColumnInfo of a column that must hold one number per row, else None."""
+    try:
+        info = classify(name, dt, vector_dtype)
+    except TypeError:
+        return None
+    return info if info.kind == constants.KIND_SCALAR else None
+
+
 def prepare_data(num_processes: int, store: Store, df,
                  label_columns: Union[str, Sequence[str]] = ("label",),
                  feature_columns: Union[str, Sequence[str]] = ("features",),
@@ -135,15 +144,15 @@ def prepare_data(num_processes: int, store: Store, df,
                           else []),
                          ("validation columns", [val_col] if val_col else [])):
         column_positions(names, wanted, what)
+    # The weight and validation columns are checked as what they are first: classify's
+    # advice for a string column (index it as a feature) does not fit them.
+    for col, what in ((sample_weight_col, f"sample_weight_col {sample_weight_col!r} must be "
+                                          "a numeric column"),
+                      (val_col, f"validation column {val_col!r} must be boolean or numeric "
+                                "(true/non-zero = validation row)")):
+        if col and _scalar_kind(col, fields[col], vector_dtype) is None:
+            raise TypeError(f"{what}, not {fields[col].simpleString()}")
     infos = {name: classify(name, fields[name], vector_dtype) for name in columns}
-    if sample_weight_col and infos[sample_weight_col].kind != constants.KIND_SCALAR:
-        raise TypeError(f"sample_weight_col {sample_weight_col!r} must be a numeric column, "
-                        f"not {infos[sample_weight_col].spark_type}")
-    if val_col:
-        vinfo = classify(val_col, fields[val_col], vector_dtype)
-        if vinfo.kind != constants.KIND_SCALAR:
-            raise TypeError(f"validation column {val_col!r} must be boolean or numeric "
-                            f"(true/non-zero = validation row), not {vinfo.spark_type}")
 
     # 2. cache
     params = {"labels": labels, "features": features, "validation": validation,
