@@ -58,13 +58,12 @@ def _log(verbose: int, msg: str) -> None:
         print(f"[spark_dl.prepare_data] {msg}", flush=True)
 
 
-def _scalar_kind(name: str, dt, vector_dtype: str):
-    """The ColumnInfo of a column that must hold one number per row, else None."""
+def _holds_numbers(name: str, dt, vector_dtype: str) -> bool:
+    """Whether column ``name`` of type ``dt`` holds one number per row."""
     try:
-        info = classify(name, dt, vector_dtype)
+        return classify(name, dt, vector_dtype).kind == constants.KIND_SCALAR
     except TypeError:
-        return None
-    return info if info.kind == constants.KIND_SCALAR else None
+        return False
 
 
 def prepare_data(num_processes: int, store: Store, df,
@@ -150,7 +149,7 @@ def prepare_data(num_processes: int, store: Store, df,
                                           "a numeric column"),
                       (val_col, f"validation column {val_col!r} must be boolean or numeric "
                                 "(true/non-zero = validation row)")):
-        if col and _scalar_kind(col, fields[col], vector_dtype) is None:
+        if col and not _holds_numbers(col, fields[col], vector_dtype):
             raise TypeError(f"{what}, not {fields[col].simpleString()}")
     infos = {name: classify(name, fields[name], vector_dtype) for name in columns}
 
