@@ -317,7 +317,8 @@ class TorchPredictor(Predictor):
 
     @staticmethod
     def _dtype(model: torch.nn.Module) -> torch.dtype:
-        """The dtype floating features are cast to."""
+        """The dtype features are cast to (every feature here; LightningPredictor casts
+        only floating ones)."""
         return util.model_dtype(model)
 
     def prepare(self) -> None:
